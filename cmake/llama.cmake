@@ -1,0 +1,101 @@
+# cmake/llama.cmake: provides the targets `llama`, `mtmd` and `ggml` (llama.cpp 0.5.0).
+#
+# Routes, first match wins:
+#   (a) -DECOKV_LLAMA_SOURCE_DIR=/path   build that source tree as a subdirectory
+#   (b) -DECOKV_LLAMA_INSTALLED=ON       use an installed llama.cpp (find_package + find_library(mtmd))
+#   (c) default                          build ${ECOKV_ROOT}/third_party/llama.cpp; scripts/fetch-llama.sh
+#                                        is run at configure time to fetch it / re-apply patches
+# Inputs:  ECOKV_ROOT (repo root; defaults to the parent of this file, so a consumer project whose
+#          PROJECT_SOURCE_DIR is elsewhere, like cmake/test-llama, needs no setting),
+#          ECOKV_LLAMA_NATIVE (-march=native, OFF), ECOKV_LLAMA_SHARED (shared libs, ON).
+# Output:  ECOKV_LLAMA_SRC = the llama.cpp source dir (for internal headers under src/), or ""
+#          for the installed route, where internal headers are not available.
+include_guard(GLOBAL)
+
+if(NOT DEFINED ECOKV_ROOT)
+  get_filename_component(ECOKV_ROOT "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+endif()
+
+set(ECOKV_LLAMA_SOURCE_DIR "" CACHE PATH "Existing llama.cpp 0.5.0 source tree to build (route a)")
+option(ECOKV_LLAMA_INSTALLED "Use an installed llama.cpp via find_package (route b)" OFF)
+option(ECOKV_LLAMA_NATIVE "Build ggml with -march=native (non-portable binaries)" OFF)
+# Shared by default: test executables stay small and link fast, a patched libllama relinks once
+# instead of into every test, the code is PIC (usable from our own shared modules), and it is the
+# same shape as the installed route. CMake sets the build-tree RPATH, so tests run in place.
+option(ECOKV_LLAMA_SHARED "Build llama/mtmd/ggml as shared libraries (routes a, c)" ON)
+
+# Adds the tree with the options of the notes (§7). The function scope keeps these variables
+# (BUILD_SHARED_LIBS, CMAKE_CXX_STANDARD, ...) away from the rest of our project; llama.cpp's
+# option() calls honour normal variables (policy CMP0077 is NEW there).
+function(_ecokv_add_llama_subdir src)
+  if(NOT EXISTS "${src}/CMakeLists.txt" OR NOT EXISTS "${src}/tools/mtmd/mtmd.h")
+    message(FATAL_ERROR "ecokv: '${src}' is not a llama.cpp source tree (no CMakeLists.txt or tools/mtmd)")
+  endif()
+  file(STRINGS "${src}/CMakeLists.txt" _v REGEX "^set\\(LLAMA_VERSION_(MAJOR|MINOR|PATCH) ")
+  string(REGEX REPLACE "[^;]*_(MAJOR|MINOR|PATCH) ([0-9]+)\\)" "\\2" _v "${_v}")
+  string(REPLACE ";" "." _v "${_v}")
+  if(NOT _v STREQUAL "0.5.0")
+    message(WARNING "ecokv: ${src} is llama.cpp '${_v}', the project is pinned to 0.5.0")
+  endif()
+  set(BUILD_SHARED_LIBS ${ECOKV_LLAMA_SHARED})
+  set(CMAKE_CXX_STANDARD 17)            # llama.cpp is C++17 code; don't compile it as our C++20
+  set(GGML_NATIVE ${ECOKV_LLAMA_NATIVE})
+  set(LLAMA_BUILD_MTMD ON)              # libmtmd without the tools/ tree
+  foreach(v LLAMA_BUILD_COMMON LLAMA_BUILD_TESTS LLAMA_BUILD_TOOLS LLAMA_BUILD_EXAMPLES
+            LLAMA_BUILD_SERVER LLAMA_BUILD_APP LLAMA_SUBPROCESS LLAMA_OPENSSL MTMD_VIDEO
+            GGML_BUILD_TESTS GGML_BUILD_EXAMPLES)
+    set(${v} OFF)                       # CPU only, no network/HTTP/ffmpeg, nothing but the libs
+  endforeach()
+  # EXCLUDE_FROM_ALL: only what we link gets built, and `install` does not ship llama.cpp.
+  add_subdirectory("${src}" "${CMAKE_BINARY_DIR}/_llama.cpp" EXCLUDE_FROM_ALL)
+endfunction()
+
+if(ECOKV_LLAMA_SOURCE_DIR)                                   # (a) given source tree
+  get_filename_component(ECOKV_LLAMA_SRC "${ECOKV_LLAMA_SOURCE_DIR}" ABSOLUTE)
+  message(STATUS "ecokv: llama.cpp from source dir ${ECOKV_LLAMA_SRC}")
+  _ecokv_add_llama_subdir("${ECOKV_LLAMA_SRC}")
+
+elseif(ECOKV_LLAMA_INSTALLED)                                # (b) installed package
+  set(ECOKV_LLAMA_SRC "")
+  find_package(llama 0.5 REQUIRED CONFIG)                    # imported `llama`, pulls in ggml::*
+  # llama.cpp installs libmtmd and mtmd.h but no CMake package for them.
+  find_library(ECOKV_MTMD_LIBRARY mtmd HINTS "${LLAMA_LIB_DIR}" REQUIRED)
+  find_path(ECOKV_MTMD_INCLUDE_DIR mtmd.h HINTS "${LLAMA_INCLUDE_DIR}" REQUIRED)
+  if(NOT TARGET mtmd)
+    add_library(mtmd UNKNOWN IMPORTED)
+    set_target_properties(mtmd PROPERTIES
+      IMPORTED_LOCATION "${ECOKV_MTMD_LIBRARY}"
+      INTERFACE_INCLUDE_DIRECTORIES "${ECOKV_MTMD_INCLUDE_DIR}"
+      INTERFACE_LINK_LIBRARIES "llama;ggml::ggml")
+  endif()
+  if(NOT TARGET ggml AND TARGET ggml::ggml)
+    add_library(ggml ALIAS ggml::ggml)                       # same name as the source routes
+  endif()
+  message(STATUS "ecokv: llama.cpp installed ${LLAMA_VERSION} (${llama_LIBRARY}), mtmd ${ECOKV_MTMD_LIBRARY}")
+
+else()                                                       # (c) third_party, fetched on demand
+  set(ECOKV_LLAMA_SRC "${ECOKV_ROOT}/third_party/llama.cpp")
+  # Run on every configure (a no-op in ~0.1 s when up to date) so that a changed patch set is
+  # re-applied; the patch files are configure dependencies, so editing one re-runs CMake.
+  execute_process(COMMAND bash "${ECOKV_ROOT}/scripts/fetch-llama.sh" --dir "${ECOKV_LLAMA_SRC}"
+                  RESULT_VARIABLE _ecokv_rc)
+  if(NOT _ecokv_rc EQUAL 0)
+    message(FATAL_ERROR "ecokv: scripts/fetch-llama.sh failed (exit ${_ecokv_rc}); see its message "
+      "above. Fix it and run it by hand, or pass -DECOKV_LLAMA_SOURCE_DIR=<llama.cpp 0.5.0 tree> "
+      "or -DECOKV_LLAMA_INSTALLED=ON.")
+  endif()
+  file(GLOB _ecokv_patches "${ECOKV_ROOT}/patches/llama.cpp/*.patch")
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+               "${ECOKV_ROOT}/scripts/fetch-llama.sh" ${_ecokv_patches})
+  if(EXISTS "${ECOKV_ROOT}/patches/llama.cpp")               # catches added/removed patches
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${ECOKV_ROOT}/patches/llama.cpp")
+  endif()
+  message(STATUS "ecokv: llama.cpp from ${ECOKV_LLAMA_SRC}")
+  _ecokv_add_llama_subdir("${ECOKV_LLAMA_SRC}")
+endif()
+
+foreach(t llama mtmd ggml)
+  if(NOT TARGET ${t})
+    message(FATAL_ERROR "ecokv: llama.cmake did not provide target '${t}'")
+  endif()
+endforeach()

@@ -1,0 +1,67 @@
+// ecokv: the capture of one prefill (SPEC §7): post-RoPE K, V and window queries of every layer.
+#pragma once
+
+#include "ecokv/tensor.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ecokv {
+
+enum class modality : uint8_t { text = 0, image = 1, audio = 2 };
+
+struct layer_capture {
+    tensor_view keys;          // [n_kv_heads][n_tokens][head_dim]    post-RoPE
+    tensor_view values;        // [n_kv_heads][n_tokens][head_dim_v]
+    tensor_view queries;       // [n_heads][n_queries][head_dim]      the last n_queries prompt tokens
+    tensor_view full_queries;  // [n_heads][n_tokens][head_dim]       optional (h2o); empty() when absent
+};
+
+// Everything the methods read. Views do not own their data: a capture_file, the engine adapter or the
+// caller keeps it alive.
+struct capture_view {
+    int32_t n_layers   = 0;
+    int32_t n_heads    = 0;  // query heads
+    int32_t n_kv_heads = 0;
+    int32_t head_dim   = 0;  // keys and queries
+    int32_t head_dim_v = 0;  // values
+    int32_t n_tokens   = 0;
+    int32_t n_queries  = 0;  // window queries captured per head (the window N may not exceed it)
+
+    std::vector<layer_capture> layers;    // [n_layers]
+    std::vector<uint8_t>       modality;  // [n_tokens] values of ecokv::modality; empty means all text
+    std::string                model;     // model name, when known
+
+    bool has_full_queries() const { return !layers.empty() && !layers[0].full_queries.empty(); }
+    bool is_text(int32_t it) const { return modality.empty() || modality[it] == uint8_t(modality::text); }
+
+    // Checks the dimensions and every view's shape against them; throws ecokv::error naming the tensor.
+    void validate() const;
+    // Throws ecokv::error naming the first tensor that holds a NaN or an infinity.
+    void check_finite() const;
+};
+
+// A capture read from a safetensors file (memory-mapped; views point into the mapping).
+class capture_file {
+  public:
+    // Opens and validates `path`; throws ecokv::error with the file name and the reason.
+    static capture_file open(const std::string & path);
+
+    const capture_view &                       view() const { return view_; }
+    const std::map<std::string, std::string> & metadata() const;
+
+  private:
+    struct impl;
+    std::shared_ptr<const impl> impl_;
+    capture_view                view_;
+};
+
+// Writes `cap` as SPEC §7 safetensors, keeping each tensor's dtype. Written to a temporary file that is
+// renamed into place, so an interrupted write leaves nothing at `path`.
+void write_capture(const std::string & path, const capture_view & cap,
+                   const std::map<std::string, std::string> & extra_metadata = {});
+
+}  // namespace ecokv

@@ -1,0 +1,51 @@
+// ecokv: compress a capture with a method: which tokens every (layer, KV head) keeps (SPEC §2, §8).
+#pragma once
+
+#include "ecokv/capture.h"
+#include "ecokv/method.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ecokv {
+
+struct head_selection {
+    std::vector<int32_t> kept;  // ascending token indices
+    // With a merge method, the rewritten rows of the kept tokens, else empty:
+    std::vector<float> keys;    // [kept.size()][head_dim]
+    std::vector<float> values;  // [kept.size()][head_dim_v]
+};
+
+struct selection {
+    std::string method;  // canonical name
+    int32_t     budget   = 0;
+    int32_t     window   = 0;
+    int32_t     n_tokens = 0;
+
+    std::vector<std::vector<head_selection>> layers;  // [n_layers][n_kv_heads]
+
+    uint64_t kv_bytes_full = 0;  // L * Hkv * T * (D * key size + Dv * value size)
+    uint64_t kv_bytes_kept = 0;  // the same over kept entries only
+
+    size_t n_kept() const;  // kept entries over all layers and heads
+};
+
+struct compress_options {
+    int32_t n_threads = 0;  // 0: all hardware threads
+};
+
+// Selects the kept tokens of every (layer, KV head). Validates the parameters, the capture's shapes
+// and that its data is finite; throws ecokv::error on any problem (nothing is returned half-done).
+selection compress(const capture_view & cap, const method_spec & spec, const method_params & params,
+                   const compress_options & options = {});
+
+// Writes the selection JSON of SPEC §8 atomically. Merged rows, if any, are not part of the JSON:
+// write them with write_merged_rows().
+void write_selection_json(const std::string & path, const selection & sel);
+
+// Writes the merged K/V rows of a merge method as safetensors: "layers.{l}.heads.{g}.keys" [n_kept, D]
+// and ".values" [n_kept, Dv], F32. Throws if the selection has no merged rows.
+void write_merged_rows(const std::string & path, const selection & sel);
+
+}  // namespace ecokv

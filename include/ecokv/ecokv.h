@@ -1,0 +1,11 @@
+// ecokv: umbrella header of the core library (no engine dependency).
+#pragma once
+
+#include "ecokv/capture.h"
+#include "ecokv/compress.h"
+#include "ecokv/error.h"
+#include "ecokv/log.h"
+#include "ecokv/method.h"
+#include "ecokv/safetensors.h"
+#include "ecokv/synth.h"
+#include "ecokv/tensor.h"

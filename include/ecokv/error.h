@@ -1,0 +1,16 @@
+// ecokv: the one exception type of the library.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace ecokv {
+
+// Thrown for every user-facing failure: bad options, bad files, bad shapes, non-finite data.
+// The message names the option, file or tensor at fault. Tools catch it once, print it and exit 1.
+class error : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+}  // namespace ecokv

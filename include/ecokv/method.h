@@ -1,0 +1,63 @@
+// ecokv: method names, the ALLOCATOR+SCORER grammar and the parameters every method reads (SPEC §5-§6).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ecokv {
+
+enum class pool_kind { avg, max };
+enum class merge_kind { none, pivot };    // LOOK-M pivot merge of evicted K/V into kept rows
+enum class centroid_kind { all, prefix };  // tokens over which ECOKV's mu and kbar are taken
+
+// Every knob of every method, with the SPEC defaults. Fields that do not apply to a method are ignored.
+struct method_params {
+    int32_t       budget       = 64;    // B: tokens kept per KV head, window included (SPEC §1)
+    int32_t       window       = -1;    // N: observation window; -1 takes the scorer's default
+    int32_t       kernel       = 5;     // pooling kernel along tokens, odd
+    pool_kind     pool         = pool_kind::avg;
+    double        alpha        = 0.8;   // ECOKV: weight of the Euclidean diversity in Sdiv (Eq. 3)
+    double        beta         = 0.6;   // ECOKV: weight of rE in the redundancy lambda (Eq. 6)
+    double        tau          = 0.0;   // ECOKV: temperature of rE; 0 takes sqrt(head_dim)
+    centroid_kind centroid     = centroid_kind::all;
+    double        floor_ratio  = -1.0;  // adakv 0.2, sparsemm 0.1, madakv 0.2 when negative
+    int32_t       pyramid_beta = 20;    // PyramidKV: ratio of the largest to the smallest layer budget
+    double        theta        = 0.9;   // MadaKV: attention mass a head's demand must cover
+    int32_t       n_sink       = 4;     // StreamingLLM: leading tokens always kept
+    uint64_t      seed         = 0;     // random scorer
+    merge_kind    merge        = merge_kind::none;
+    std::string   head_scores;          // SparseMM: path of the official head-score JSON
+
+    // Throws ecokv::error naming the option and its bound ("--budget 4 must be larger than --window 8").
+    // `window` is the effective window (after defaults).
+    void validate(int32_t window) const;
+};
+
+// A parsed method name: which allocator splits the budget, which scorer ranks the tokens.
+struct method_spec {
+    std::string allocator;  // uniform, pyramidkv, adakv, sparsemm, madakv, lookm
+    std::string scorer;     // snapkv, knorm, ..., ecokv
+
+    std::string name() const;  // canonical "allocator+scorer"
+};
+
+// Parses "ALLOCATOR+SCORER", a bare scorer (uniform), a bare allocator (its paper's scorer) and the alias
+// "snapkv+SCORER" (= uniform+SCORER). Throws ecokv::error listing the known names on an unknown one.
+method_spec parse_method(std::string_view text);
+
+// The observation window a method uses: params.window when set, otherwise the scorer's default.
+int32_t method_window(const method_spec & spec, const method_params & params);
+
+struct method_info {
+    std::string name;
+    std::string kind;         // "scorer" or "allocator"
+    std::string description;  // one line, with the paper's arXiv id
+    std::string defaults;     // default window / scorer, in words
+};
+
+// Every registered scorer and allocator, in registry order.
+std::vector<method_info> list_methods();
+
+}  // namespace ecokv

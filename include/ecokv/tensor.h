@@ -1,0 +1,46 @@
+// ecokv: non-owning strided views over F32/F16/U8 data, laid out like ggml tensors.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string_view>
+
+namespace ecokv {
+
+enum class dtype : uint8_t { f32, f16, u8 };
+
+size_t           dtype_size(dtype type);
+std::string_view dtype_name(dtype type);  // "F32", "F16", "U8" (safetensors spelling)
+
+// IEEE half <-> single precision. f32_to_f16 rounds to nearest even, as every engine does.
+float    f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+// A view of up to 4 dimensions. As in ggml, ne[0] is the fastest-varying dimension and nb[i] is the
+// byte stride of dimension i; rows (dimension 0) must be contiguous (nb[0] == dtype_size(type)).
+// A capture tensor of safetensors shape [n_kv_heads, n_tokens, head_dim] has
+// ne = {head_dim, n_tokens, n_kv_heads, 1}.
+struct tensor_view {
+    const void *           data = nullptr;
+    dtype                  type = dtype::f32;
+    std::array<int64_t, 4> ne   = { 0, 1, 1, 1 };
+    std::array<size_t, 4>  nb   = { 0, 0, 0, 0 };
+
+    // A densely packed view; `shape` is listed outermost first, as safetensors and numpy do.
+    static tensor_view packed(const void * data, dtype type, std::initializer_list<int64_t> shape);
+
+    bool    empty() const { return data == nullptr; }
+    int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+
+    // Start of row (i1, i2, i3): ne[0] contiguous elements of `type`.
+    const void * row(int64_t i1, int64_t i2 = 0, int64_t i3 = 0) const {
+        return static_cast<const char *>(data) + i1 * nb[1] + i2 * nb[2] + i3 * nb[3];
+    }
+
+    // Converts row (i1, i2) to ne[0] floats at `out`.
+    void row_f32(int64_t i1, int64_t i2, float * out) const;
+};
+
+}  // namespace ecokv

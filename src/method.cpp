@@ -1,0 +1,94 @@
+// The ALLOCATOR+SCORER grammar (SPEC §6), parameter validation and the method list.
+#include "ecokv/method.h"
+
+#include "impl.h"
+#include "method-impl.h"
+
+#include <cmath>
+
+namespace ecokv {
+
+std::string method_spec::name() const {
+    return allocator + "+" + scorer;
+}
+
+method_spec parse_method(std::string_view text) {
+    const size_t plus = text.find('+');
+    if (plus == std::string_view::npos) {
+        for (const scorer_entry & e : scorer_registry()) {
+            if (text == e.name) {
+                return { "uniform", e.name };
+            }
+        }
+        for (const allocator_entry & e : allocator_registry()) {
+            if (text == e.name) {
+                return { e.name, e.default_scorer };
+            }
+        }
+        std::string known;
+        for (const method_info & m : list_methods()) {
+            known += (known.empty() ? "" : ", ") + m.name;
+        }
+        ECOKV_THROW("unknown method '%.*s'; known: %s (or ALLOCATOR+SCORER)", int(text.size()), text.data(),
+                    known.c_str());
+    }
+    std::string_view alloc  = text.substr(0, plus);
+    std::string_view scorer = text.substr(plus + 1);
+    if (scorer.find('+') != std::string_view::npos) {
+        ECOKV_THROW("method '%.*s': expected ALLOCATOR+SCORER with one '+'", int(text.size()), text.data());
+    }
+    if (alloc == "snapkv") {  // "SnapKV + ECOKV" in the paper: SnapKV's uniform budget, ECOKV's scores
+        alloc = "uniform";
+    }
+    return { find_allocator(alloc).name, find_scorer(scorer).name };
+}
+
+int32_t method_window(const method_spec & spec, const method_params & params) {
+    return params.window >= 0 ? params.window : find_scorer(spec.scorer).default_window;
+}
+
+void method_params::validate(int32_t n_window) const {
+    if (n_window < 1) {
+        ECOKV_THROW("--window %d must be at least 1", n_window);
+    }
+    if (budget <= n_window) {
+        ECOKV_THROW("--budget %d must be larger than --window %d (the budget includes the window)", budget,
+                    n_window);
+    }
+    if (kernel < 1 || kernel % 2 == 0) {
+        ECOKV_THROW("--kernel %d must be a positive odd number", kernel);
+    }
+    auto in_unit = [](const char * name, double v, bool open_low) {
+        if (!std::isfinite(v) || v > 1.0 || v < 0.0 || (open_low && v == 0.0)) {
+            ECOKV_THROW("%s %g must lie in %s0, 1]", name, v, open_low ? "(" : "[");
+        }
+    };
+    in_unit("--alpha", alpha, false);
+    in_unit("--beta", beta, false);
+    in_unit("--theta", theta, true);
+    if (floor_ratio >= 0) {
+        in_unit("--floor-ratio", floor_ratio, false);
+    }
+    if (!std::isfinite(tau) || tau < 0) {
+        ECOKV_THROW("--tau %g must be positive (0 means sqrt(head_dim))", tau);
+    }
+    if (pyramid_beta < 1) {
+        ECOKV_THROW("--pyramid-beta %d must be at least 1", pyramid_beta);
+    }
+    if (n_sink < 0) {
+        ECOKV_THROW("--sinks %d must not be negative", n_sink);
+    }
+}
+
+std::vector<method_info> list_methods() {
+    std::vector<method_info> out;
+    for (const scorer_entry & e : scorer_registry()) {
+        out.push_back({ e.name, "scorer", e.description, "window " + std::to_string(e.default_window) });
+    }
+    for (const allocator_entry & e : allocator_registry()) {
+        out.push_back({ e.name, "allocator", e.description, std::string("scorer ") + e.default_scorer });
+    }
+    return out;
+}
+
+}  // namespace ecokv

@@ -1,0 +1,38 @@
+// ECOKV: "Geometry-Aware KV Cache Eviction via Complementary Diversity Metrics" (seeds/ecokv-paper.txt),
+// Algorithm 1 and Eqs. 1-7, as fixed by SPEC §5.1:
+//   sC = (1 - c) / 2, sE = minmax(dE), Sdiv = alpha sE + (1 - alpha) sC,
+//   rE = 2 - 2 sigmoid(DE / tau), lambda = beta rE + (1 - beta) rC,
+//   S = lambda * rescale(minmax(Sdiv), Simp) + (1 - lambda) * Simp.
+// Deliberate readings (SPEC §5.1): sC has the sign of a diversity (Alg. 1 step 3 lost its minus sign), and the
+// scaling uses the mean of minmax(Sdiv), the quantity actually rescaled. Default window 4.
+#include "common.h"
+
+#include <cmath>
+
+namespace ecokv::scorers {
+namespace {
+class ecokv_scorer final : public scorer_i {
+    void score(const head_input & in, std::span<double> out) const override {
+        const double alpha = in.params.alpha;
+        const double beta  = in.params.beta;
+        const double tau   = in.params.tau > 0 ? in.params.tau : std::sqrt(double(in.cap.head_dim));
+
+        const std::vector<double>   simp = importance(in, attention(in));
+        const kernels::key_geometry g    = geometry(in);
+        const std::vector<double>   se   = kernels::minmax(g.dist);
+        std::vector<double>         sdiv(se.size());
+        for (size_t j = 0; j < sdiv.size(); ++j) {
+            sdiv[j] = alpha * se[j] + (1.0 - alpha) * (1.0 - g.cos_mu[j]) / 2.0;
+        }
+        const double re     = 2.0 - 2.0 / (1.0 + std::exp(-g.mean_dist / tau));
+        const double lambda = beta * re + (1.0 - beta) * g.rc;
+        std::vector<double> sdiv_scaled = kernels::minmax(sdiv);
+        kernels::rescale(sdiv_scaled, simp);
+        for (size_t j = 0; j < sdiv.size(); ++j) {
+            out[j] = lambda * sdiv_scaled[j] + (1.0 - lambda) * simp[j];
+        }
+    }
+};
+}  // namespace
+scorer_ptr make_ecokv() { return std::make_unique<ecokv_scorer>(); }
+}  // namespace ecokv::scorers

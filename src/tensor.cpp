@@ -1,0 +1,103 @@
+#include "ecokv/tensor.h"
+
+#include "impl.h"
+
+#include <bit>
+#include <cstring>
+
+namespace ecokv {
+
+size_t dtype_size(dtype type) {
+    switch (type) {
+        case dtype::f32: return 4;
+        case dtype::f16: return 2;
+        case dtype::u8:  return 1;
+    }
+    ECOKV_ASSERT(false);
+}
+
+std::string_view dtype_name(dtype type) {
+    switch (type) {
+        case dtype::f32: return "F32";
+        case dtype::f16: return "F16";
+        case dtype::u8:  return "U8";
+    }
+    ECOKV_ASSERT(false);
+}
+
+float f16_to_f32(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000) << 16;
+    const uint32_t exp  = (h >> 10) & 0x1f;
+    const uint32_t mant = h & 0x3ff;
+    if (exp == 0x1f) {  // inf / nan
+        return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+    }
+    if (exp == 0) {  // zero / subnormal: mant * 2^-24, exact in float
+        const float v = float(mant) * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+uint16_t f32_to_f16(float f) {
+    const uint32_t x    = std::bit_cast<uint32_t>(f);
+    const uint32_t sign = (x >> 16) & 0x8000;
+    const uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) {  // inf / nan (keep nan a nan)
+        return uint16_t(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0));
+    }
+    if (absx >= 0x477ff000u) {  // rounds to >= 65520: overflow to inf
+        return uint16_t(sign | 0x7c00);
+    }
+    if (absx < 0x38800000u) {  // below the smallest normal half: round to a subnormal
+        // value * 2^24 rounded to nearest even gives the subnormal mantissa (may carry into 0x400).
+        const float    v = std::bit_cast<float>(absx) * 0x1p24f;
+        const uint32_t m = uint32_t(__builtin_nearbyintf(v));
+        return uint16_t(sign | m);
+    }
+    // Normal: drop 13 mantissa bits with round to nearest even.
+    const uint32_t rebased = absx - (112u << 23);
+    const uint32_t rounded = rebased + 0xfffu + ((rebased >> 13) & 1u);
+    return uint16_t(sign | (rounded >> 13));
+}
+
+tensor_view tensor_view::packed(const void * data, dtype type, std::initializer_list<int64_t> shape) {
+    ECOKV_ASSERT(shape.size() >= 1 && shape.size() <= 4);
+    tensor_view v;
+    v.data = data;
+    v.type = type;
+    int i  = 0;
+    for (auto it = std::rbegin(shape); it != std::rend(shape); ++it) {
+        v.ne[i++] = *it;
+    }
+    v.nb[0] = dtype_size(type);
+    for (int d = 1; d < 4; ++d) {
+        v.nb[d] = v.nb[d - 1] * size_t(v.ne[d - 1]);
+    }
+    return v;
+}
+
+void tensor_view::row_f32(int64_t i1, int64_t i2, float * out) const {
+    const void * src = row(i1, i2);
+    switch (type) {
+        case dtype::f32:
+            std::memcpy(out, src, size_t(ne[0]) * sizeof(float));
+            return;
+        case dtype::f16: {
+            const auto * h = static_cast<const uint16_t *>(src);
+            for (int64_t i = 0; i < ne[0]; ++i) {
+                out[i] = f16_to_f32(h[i]);
+            }
+            return;
+        }
+        case dtype::u8: {
+            const auto * u = static_cast<const uint8_t *>(src);
+            for (int64_t i = 0; i < ne[0]; ++i) {
+                out[i] = float(u[i]);
+            }
+            return;
+        }
+    }
+}
+
+}  // namespace ecokv

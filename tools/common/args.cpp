@@ -1,0 +1,97 @@
+#include "common/args.h"
+
+#include "ecokv/error.h"
+
+#include <cstdio>
+
+namespace ecokv::tools {
+
+void add_method_options(cxxopts::Options & options) {
+    const method_params d;
+    // clang-format off
+    options.add_options("method")
+        ("m,method", "ALLOCATOR+SCORER, a scorer or an allocator (see --list-methods)", cxxopts::value<std::string>())
+        ("b,budget", "tokens kept per KV head, window included", cxxopts::value<int32_t>()->default_value(std::to_string(d.budget)))
+        ("window", "observation window N (default: the scorer's)", cxxopts::value<int32_t>())
+        ("kernel", "pooling kernel (odd)", cxxopts::value<int32_t>()->default_value(std::to_string(d.kernel)))
+        ("pool", "pooling: avg or max", cxxopts::value<std::string>()->default_value("avg"))
+        ("alpha", "ECOKV: Euclidean weight in the diversity", cxxopts::value<double>()->default_value("0.8"))
+        ("beta", "ECOKV: rE weight in the redundancy", cxxopts::value<double>()->default_value("0.6"))
+        ("tau", "ECOKV: rE temperature (0: sqrt(head_dim))", cxxopts::value<double>()->default_value("0"))
+        ("centroid", "ECOKV/MixKV/KeyDiff centroid over: all or prefix", cxxopts::value<std::string>()->default_value("all"))
+        ("floor-ratio", "AdaKV/MadaKV floor (0.2), SparseMM uniform part (0.1)", cxxopts::value<double>())
+        ("pyramid-beta", "PyramidKV shape", cxxopts::value<int32_t>()->default_value(std::to_string(d.pyramid_beta)))
+        ("theta", "MadaKV: attention mass a head's demand covers", cxxopts::value<double>()->default_value("0.9"))
+        ("sinks", "StreamingLLM: leading tokens kept", cxxopts::value<int32_t>()->default_value(std::to_string(d.n_sink)))
+        ("head-scores", "SparseMM head-score JSON (official format)", cxxopts::value<std::string>())
+        ("seed", "random scorer seed", cxxopts::value<uint64_t>()->default_value("0"))
+        ("merge", "merge evicted K/V: none or pivot (LOOK-M)", cxxopts::value<std::string>()->default_value("none"));
+    // clang-format on
+}
+
+method_params method_params_from(const cxxopts::ParseResult & args) {
+    method_params p;
+    p.budget = args["budget"].as<int32_t>();
+    if (args.count("window")) {
+        p.window = args["window"].as<int32_t>();
+        if (p.window < 1) {
+            throw error("--window " + std::to_string(p.window) + " must be at least 1");
+        }
+    }
+    p.kernel = args["kernel"].as<int32_t>();
+    const std::string pool = args["pool"].as<std::string>();
+    if (pool != "avg" && pool != "max") {
+        throw error("--pool must be avg or max, not '" + pool + "'");
+    }
+    p.pool     = pool == "avg" ? pool_kind::avg : pool_kind::max;
+    p.alpha    = args["alpha"].as<double>();
+    p.beta     = args["beta"].as<double>();
+    p.tau      = args["tau"].as<double>();
+    const std::string centroid = args["centroid"].as<std::string>();
+    if (centroid != "all" && centroid != "prefix") {
+        throw error("--centroid must be all or prefix, not '" + centroid + "'");
+    }
+    p.centroid = centroid == "all" ? centroid_kind::all : centroid_kind::prefix;
+    if (args.count("floor-ratio")) {
+        p.floor_ratio = args["floor-ratio"].as<double>();
+        if (p.floor_ratio < 0) {
+            throw error("--floor-ratio must lie in [0, 1]");
+        }
+    }
+    p.pyramid_beta = args["pyramid-beta"].as<int32_t>();
+    p.theta        = args["theta"].as<double>();
+    p.n_sink       = args["sinks"].as<int32_t>();
+    if (args.count("head-scores")) {
+        p.head_scores = args["head-scores"].as<std::string>();
+    }
+    p.seed = args["seed"].as<uint64_t>();
+    const std::string merge = args["merge"].as<std::string>();
+    if (merge != "none" && merge != "pivot") {
+        throw error("--merge must be none or pivot, not '" + merge + "'");
+    }
+    p.merge = merge == "pivot" ? merge_kind::pivot : merge_kind::none;
+    return p;
+}
+
+void require(const cxxopts::ParseResult & args, std::initializer_list<const char *> names) {
+    for (const char * n : names) {
+        if (args.count(n) == 0) {
+            throw error(std::string("missing --") + n + " (see --help)");
+        }
+    }
+}
+
+int run_command(const char * name, const std::function<int()> & body) {
+    try {
+        return body();
+    } catch (const error & e) {
+        std::fprintf(stderr, "ecokv %s: error: %s\n", name, e.what());
+    } catch (const cxxopts::exceptions::exception & e) {
+        std::fprintf(stderr, "ecokv %s: error: %s (see --help)\n", name, e.what());
+    } catch (const std::exception & e) {
+        std::fprintf(stderr, "ecokv %s: error: %s\n", name, e.what());
+    }
+    return 1;
+}
+
+}  // namespace ecokv::tools

@@ -1,0 +1,26 @@
+// ecokv tools: flags shared by several subcommands, declared once, and the one place errors become exit codes.
+#pragma once
+
+#include "ecokv/method.h"
+
+#include <cxxopts.hpp>
+
+#include <functional>
+#include <string>
+
+namespace ecokv::tools {
+
+// --method, --budget, --window, --kernel, --pool, --alpha, --beta, --tau, --centroid, --floor-ratio,
+// --pyramid-beta, --theta, --sinks, --head-scores, --seed, --merge.
+void add_method_options(cxxopts::Options & options);
+
+// Reads the flags of add_method_options into parameters (validated later, with the method's window).
+method_params method_params_from(const cxxopts::ParseResult & args);
+
+// Throws ecokv::error("missing --NAME") when a required flag is absent.
+void require(const cxxopts::ParseResult & args, std::initializer_list<const char *> names);
+
+// Runs a subcommand body: ecokv::error and flag errors print "ecokv NAME: error: ..." and return 1.
+int run_command(const char * name, const std::function<int()> & body);
+
+}  // namespace ecokv::tools

@@ -1,0 +1,43 @@
+// ecokv: one binary, a table of subcommands (as llama.cpp's app/llama.cpp).
+#include <cstdio>
+#include <cstring>
+
+int ecokv_compress(int argc, char ** argv);
+int ecokv_synth_capture(int argc, char ** argv);
+
+namespace {
+
+struct command {
+    const char * name;
+    const char * summary;
+    int (*run)(int argc, char ** argv);
+};
+
+const command k_commands[] = {
+    { "compress",      "select the kept KV entries of a capture with any method", ecokv_compress },
+    { "synth-capture", "write a realistic random capture (demos, tests, benchmarks)", ecokv_synth_capture },
+};
+
+void usage(FILE * out) {
+    std::fprintf(out, "usage: ecokv COMMAND [options]   (ecokv COMMAND --help for its options)\n\ncommands:\n");
+    for (const command & c : k_commands) {
+        std::fprintf(out, "  %-14s %s\n", c.name, c.summary);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 1 : 0;
+    }
+    for (const command & c : k_commands) {
+        if (std::strcmp(argv[1], c.name) == 0) {
+            return c.run(argc - 1, argv + 1);
+        }
+    }
+    std::fprintf(stderr, "ecokv: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 1;
+}
