@@ -40,6 +40,11 @@ struct compress_options {
 selection compress(const capture_view & cap, const method_spec & spec, const method_params & params,
                    const compress_options & options = {});
 
+// The score S over P = [0, T - N) of every (layer, KV head), index il * n_kv_heads + ig, exactly as compress()
+// ranks them (SPEC §5): for analyses and tests. Same validation and errors as compress().
+std::vector<std::vector<double>> score_heads(const capture_view & cap, const method_spec & spec,
+                                             const method_params & params, const compress_options & options = {});
+
 // Writes the selection JSON of SPEC §8 atomically. Merged rows, if any, are not part of the JSON:
 // write them with write_merged_rows().
 void write_selection_json(const std::string & path, const selection & sel);
