@@ -1,1 +1,188 @@
+// The registry-wide matrix: every allocator x every scorer must satisfy the SPEC §2 invariants. A method is
+// covered here as soon as it is registered.
+#include "ecokv/ecokv.h"
+#include "method-impl.h"
+
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace {
+
+constexpr int32_t k_layers = 3, k_heads = 4, k_kv_heads = 2, k_tokens = 120;
+
+const ecokv::owned_capture & capture() {
+    static const ecokv::owned_capture cap = [] {
+        ecokv::synth_params p;
+        p.n_layers = k_layers, p.n_heads = k_heads, p.n_kv_heads = k_kv_heads, p.head_dim = 16;
+        p.n_tokens = k_tokens, p.n_queries = 32, p.full_queries = true, p.seed = 3;
+        p.image_spans = { { 10, 70 } };
+        return ecokv::make_synth_capture(p);
+    }();
+    return cap;
+}
+
+std::string head_score_file() {
+    static const std::string path = [] {
+        const auto    p = std::filesystem::temp_directory_path() / "ecokv-test-methods-head-scores.json";
+        std::ofstream out(p);
+        out << "{";
+        for (int32_t l = 0; l < k_layers; ++l) {
+            for (int32_t h = 0; h < k_heads; ++h) {
+                out << (l + h ? "," : "") << "\"" << l << "-" << h << "\": [" << 0.1 + 0.37 * ((l * 7 + h * 3) % 5)
+                    << ", 0.2]";
+            }
+        }
+        out << "}";
+        return p.string();
+    }();
+    return path;
+}
+
+struct combo {
+    std::string allocator, scorer;
+};
+
+std::vector<combo> all_combos() {
+    std::vector<combo> out;
+    for (const auto & a : ecokv::allocator_registry()) {
+        for (const auto & s : ecokv::scorer_registry()) {
+            out.push_back({ a.name, s.name });
+        }
+    }
+    return out;
+}
+
+class methods : public ::testing::TestWithParam<combo> {
+  protected:
+    ecokv::method_spec spec() const { return { GetParam().allocator, GetParam().scorer }; }
+    ecokv::method_params params(int32_t budget) const {
+        ecokv::method_params p;
+        p.budget      = budget;
+        p.head_scores = head_score_file();
+        return p;
+    }
+};
+
+TEST_P(methods, budget_at_least_T_keeps_everything) {
+    for (int32_t budget : { k_tokens, k_tokens + 50 }) {
+        const auto sel = ecokv::compress(capture().view(), spec(), params(budget));
+        for (const auto & layer : sel.layers) {
+            for (const auto & h : layer) {
+                ASSERT_EQ(h.kept.size(), size_t(k_tokens));
+                for (int32_t t = 0; t < k_tokens; ++t) {
+                    ASSERT_EQ(h.kept[t], t);
+                }
+            }
+        }
+        EXPECT_EQ(sel.kv_bytes_kept, sel.kv_bytes_full);
+    }
+}
+
+TEST_P(methods, selections_are_valid_deterministic_and_keep_the_window) {
+    const auto p   = params(48);
+    const auto one = ecokv::compress(capture().view(), spec(), p, { 1 });
+    const auto two = ecokv::compress(capture().view(), spec(), p, { 2 });
+    const bool fixed = spec().allocator == "uniform" || spec().allocator == "lookm";
+    for (size_t il = 0; il < one.layers.size(); ++il) {
+        for (size_t ig = 0; ig < one.layers[il].size(); ++ig) {
+            const auto & kept = one.layers[il][ig].kept;
+            EXPECT_EQ(kept, two.layers[il][ig].kept) << "thread count changed the result";
+            EXPECT_TRUE(std::is_sorted(kept.begin(), kept.end()));
+            EXPECT_EQ(std::set<int32_t>(kept.begin(), kept.end()).size(), kept.size()) << "duplicates";
+            ASSERT_FALSE(kept.empty());
+            EXPECT_GE(kept.front(), 0);
+            EXPECT_LT(kept.back(), k_tokens);
+            for (int32_t t = k_tokens - one.window; t < k_tokens; ++t) {
+                EXPECT_TRUE(std::binary_search(kept.begin(), kept.end(), t)) << "window token " << t << " evicted";
+            }
+            if (fixed) {
+                EXPECT_EQ(kept.size(), size_t(std::min(k_tokens, p.budget)));
+            }
+        }
+    }
+}
+
+// Prefix tokens kept over all heads, against the L * Hkv * C a uniform method keeps.
+TEST_P(methods, allocators_conserve_the_total_budget) {
+    const auto    p     = params(40);
+    const auto    sel   = ecokv::compress(capture().view(), spec(), p);
+    const int32_t c     = p.budget - sel.window;
+    int64_t       total = 0;
+    std::vector<int64_t> per_layer;
+    for (const auto & layer : sel.layers) {
+        int64_t n = 0;
+        for (const auto & h : layer) {
+            n += int64_t(h.kept.size()) - sel.window;
+        }
+        per_layer.push_back(n);
+        total += n;
+    }
+    const int64_t uniform = int64_t(k_layers) * k_kv_heads * c;
+    const std::string & a = spec().allocator;
+    if (a == "adakv") {  // per layer, up to rounding of each head
+        for (int64_t n : per_layer) {
+            EXPECT_NEAR(double(n), double(k_kv_heads * c), k_kv_heads);
+        }
+    } else if (a == "sparsemm" || a == "madakv") {  // across layers, up to rounding of each head
+        EXPECT_NEAR(double(total), double(uniform), k_layers * k_kv_heads);
+    } else if (a == "pyramidkv") {  // integer steps overshoot (SPEC §6); layers never grow with depth
+        EXPECT_GE(total, uniform);
+        EXPECT_TRUE(std::is_sorted(per_layer.rbegin(), per_layer.rend()));
+    } else {
+        EXPECT_EQ(total, uniform);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(registry, methods, ::testing::ValuesIn(all_combos()),
+                         [](const ::testing::TestParamInfo<combo> & info) {
+                             std::string n = info.param.allocator + "_" + info.param.scorer;
+                             std::replace(n.begin(), n.end(), '-', '_');
+                             return n;
+                         });
+
+TEST(registry, lists_every_spec_method) {
+    std::set<std::string> names;
+    for (const auto & m : ecokv::list_methods()) {
+        names.insert(m.name);
+    }
+    for (const char * n : { "snapkv", "knorm", "vnorm", "keydiff", "manifoldkv", "mixkv", "ecokv", "h2o",
+                            "streamingllm", "random", "uniform", "pyramidkv", "adakv", "sparsemm", "madakv", "lookm" }) {
+        EXPECT_TRUE(names.count(n)) << n;
+    }
+}
+
+TEST(registry, grammar_and_aliases) {
+    EXPECT_EQ(ecokv::parse_method("ecokv").name(), "uniform+ecokv");
+    EXPECT_EQ(ecokv::parse_method("snapkv").name(), "uniform+snapkv");
+    EXPECT_EQ(ecokv::parse_method("snapkv+ecokv").name(), "uniform+ecokv");
+    EXPECT_EQ(ecokv::parse_method("pyramidkv").name(), "pyramidkv+snapkv");
+    EXPECT_EQ(ecokv::parse_method("lookm").name(), "lookm+h2o");
+    EXPECT_EQ(ecokv::parse_method("adakv+mixkv").name(), "adakv+mixkv");
+    EXPECT_EQ(ecokv::method_window(ecokv::parse_method("pyramidkv+ecokv"), {}), 4);
+    EXPECT_EQ(ecokv::method_window(ecokv::parse_method("adakv"), {}), 32);
+    for (const char * bad : { "snapk", "", "+", "adakv+", "ecokv+snapkv", "a+b+c", "uniform+pyramidkv" }) {
+        EXPECT_THROW(ecokv::parse_method(bad), ecokv::error) << bad;
+    }
+    try {
+        ecokv::parse_method("snapk");
+    } catch (const ecokv::error & e) {
+        EXPECT_NE(std::string(e.what()).find("unknown method 'snapk'; known: snapkv"), std::string::npos) << e.what();
+    }
+}
+
+TEST(registry, budget_not_above_window_is_an_error) {
+    ecokv::method_params p;
+    p.budget = 4;
+    try {
+        ecokv::compress(capture().view(), ecokv::parse_method("ecokv"), p);
+        FAIL() << "no error";
+    } catch (const ecokv::error & e) {
+        EXPECT_STREQ(e.what(), "--budget 4 must be larger than --window 4 (the budget includes the window)");
+    }
+}
+
+}  // namespace
