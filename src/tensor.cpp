@@ -5,6 +5,10 @@
 #include <bit>
 #include <cstring>
 
+#if defined(__F16C__)
+#    include <immintrin.h>
+#endif
+
 namespace ecokv {
 
 size_t dtype_size(dtype type) {
@@ -85,7 +89,13 @@ void tensor_view::row_f32(int64_t i1, int64_t i2, float * out) const {
             return;
         case dtype::f16: {
             const auto * h = static_cast<const uint16_t *>(src);
-            for (int64_t i = 0; i < ne[0]; ++i) {
+            int64_t      i = 0;
+#if defined(__F16C__)
+            for (; i + 8 <= ne[0]; i += 8) {  // hardware conversion, bit-identical to f16_to_f32
+                _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(h + i))));
+            }
+#endif
+            for (; i < ne[0]; ++i) {
                 out[i] = f16_to_f32(h[i]);
             }
             return;

@@ -139,11 +139,12 @@ TEST(key_geometry, matches_brute_force_pairwise_cosine_and_distances) {
     const tensor_view  view = tensor_view::packed(keys.data(), ecokv::dtype::f32, { 1, t, d });
     const auto         g    = ecokv::kernels::compute_key_geometry(view, 0, t, n_prefix);
     const brute_geometry b  = brute(keys, t, d, n_prefix);
-    EXPECT_NEAR(g.rc, b.rc, 1e-12);
-    EXPECT_NEAR(g.mean_dist, b.mean_de, 1e-9);
+    // The kernel works in fp32 SIMD with fp64 carries: fp32 tolerances.
+    EXPECT_NEAR(g.rc, b.rc, 1e-6);
+    EXPECT_NEAR(g.mean_dist, b.mean_de, 1e-6 * b.mean_de);
     for (int32_t j = 0; j < n_prefix; ++j) {
-        EXPECT_NEAR(g.cos_mu[j], b.c[j], 1e-12);
-        EXPECT_NEAR(g.dist[j], b.de[j], 1e-9);
+        EXPECT_NEAR(g.cos_mu[j], b.c[j], 1e-6);
+        EXPECT_NEAR(g.dist[j], b.de[j], 1e-6 * b.mean_de);
     }
 }
 
@@ -199,7 +200,7 @@ TEST(ecokv, algorithm_1_step_by_step) {
     const double fd = mean(simp) / (mean(sdiv_mm) + 1e-8);
     ASSERT_EQ(got.size(), size_t(n_prefix));
     for (int32_t j = 0; j < n_prefix; ++j) {
-        EXPECT_NEAR(got[j], lambda * sdiv_mm[j] * fd + (1 - lambda) * simp[j], 1e-9) << "token " << j;
+        EXPECT_NEAR(got[j], lambda * sdiv_mm[j] * fd + (1 - lambda) * simp[j], 1e-5 * mean(simp)) << "token " << j;
     }
 }
 

@@ -63,6 +63,7 @@ tensor_view safetensors_tensor::view() const {
     tensor_view v;
     v.data = bytes.data();
     v.type = type;
+    v.ne   = { 1, 1, 1, 1 };  // a scalar (shape []) holds one element
     for (size_t d = 0; d < shape.size() && d < 4; ++d) {
         v.ne[d] = shape[shape.size() - 1 - d];
     }
@@ -132,12 +133,18 @@ safetensors_file safetensors_file::open(const std::string & path) {
             ECOKV_THROW("%s: tensor '%s' shape must be an array of at most 4 dimensions", path.c_str(), cname);
         }
         uint64_t n_elements = 1;
+        bool     too_large  = false;  // the element count overflows (harmless when a dimension is 0)
+        bool     has_zero   = false;
         for (const json & d : shape) {
             if (!d.is_number_unsigned() || d.get<uint64_t>() > (1ull << 40)) {
                 ECOKV_THROW("%s: tensor '%s' has an invalid dimension %s", path.c_str(), cname, d.dump().c_str());
             }
             t.shape.push_back(int64_t(d.get<uint64_t>()));
-            n_elements *= d.get<uint64_t>();
+            too_large = __builtin_mul_overflow(n_elements, d.get<uint64_t>(), &n_elements) || too_large;
+            has_zero  = has_zero || d.get<uint64_t>() == 0;
+        }
+        if (!has_zero && (too_large || n_elements > (UINT64_MAX / 8))) {
+            ECOKV_THROW("%s: tensor '%s' shape %s is too large", path.c_str(), cname, shape.dump().c_str());
         }
         const json & offsets = entry["data_offsets"];
         if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||

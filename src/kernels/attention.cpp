@@ -12,58 +12,60 @@ namespace ecokv::kernels {
 
 namespace {
 
-constexpr int32_t k_block = 4;  // keys per dot-product micro-kernel: four accumulators, one query read
+constexpr int32_t k_keys = 16;  // keys per block: the vector lanes of the micro-kernel
+constexpr int32_t k_rows = 4;   // query rows per micro-kernel: accumulators kept in registers
 
-// Row t of head ig as floats: a direct pointer for aligned F32 data, else converted into `scratch`.
-const float * key_row(const tensor_view & v, int64_t t, int64_t ig, float * scratch) {
-    const void * p = v.row(t, ig);
-    if (v.type == dtype::f32 && reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
-        return static_cast<const float *>(p);
+// Block of keys [t0, t0 + k_keys) transposed to kt[i][j] = k[t0 + j][i], zero beyond n_keys.
+void load_block(const tensor_view & keys, int32_t ig, int32_t t0, int32_t n_keys, int32_t d, float * row,
+                float * kt) {
+    for (int32_t j = 0; j < k_keys; ++j) {
+        if (t0 + j < n_keys) {
+            keys.row_f32(t0 + j, ig, row);
+        } else {
+            std::fill(row, row + d, 0.0f);
+        }
+        for (int32_t i = 0; i < d; ++i) {
+            kt[size_t(i) * k_keys + j] = row[i];
+        }
     }
-    v.row_f32(t, ig, scratch);
-    return scratch;
+}
+
+// out[r][j] = q[r] . kt[:, j] for R rows: the lanes run over keys, so no horizontal sums are needed.
+template <int32_t R> void micro_kernel(const float * q, int32_t d, const float * kt, float * out, size_t out_stride) {
+    float acc[R][k_keys] = {};
+    for (int32_t i = 0; i < d; ++i) {
+        const float * k = kt + size_t(i) * k_keys;
+        for (int32_t r = 0; r < R; ++r) {
+            const float qv = q[size_t(r) * d + i];
+#pragma omp simd
+            for (int32_t j = 0; j < k_keys; ++j) {
+                acc[r][j] += qv * k[j];
+            }
+        }
+    }
+    for (int32_t r = 0; r < R; ++r) {
+        std::copy(acc[r], acc[r] + k_keys, out + r * out_stride);
+    }
 }
 
 // logits[r][t] = q[r] . k[t] for rows r of `q` ([n_rows][D], already scaled) and keys t in [0, n_keys).
+// `logits` rows have a stride of n_keys rounded up to k_keys.
 void dot_rows(const tensor_view & keys, int32_t ig, int32_t n_keys, const std::vector<float> & q, int32_t n_rows,
-              int32_t d, std::vector<float> & logits) {
-    std::vector<float> scratch(size_t(k_block) * d);
-    const float *      k[k_block];
-    int32_t            t = 0;
-    for (; t + k_block <= n_keys; t += k_block) {
-        for (int32_t b = 0; b < k_block; ++b) {
-            k[b] = key_row(keys, t + b, ig, scratch.data() + size_t(b) * d);
+              int32_t d, std::vector<float> & logits, size_t stride) {
+    std::vector<float> row(static_cast<size_t>(d)), kt(size_t(d) * k_keys);
+    for (int32_t t0 = 0; t0 < n_keys; t0 += k_keys) {
+        load_block(keys, ig, t0, n_keys, d, row.data(), kt.data());
+        int32_t r = 0;
+        for (; r + k_rows <= n_rows; r += k_rows) {
+            micro_kernel<k_rows>(q.data() + size_t(r) * d, d, kt.data(), logits.data() + r * stride + t0, stride);
         }
-        for (int32_t r = 0; r < n_rows; ++r) {
-            const float * qr = q.data() + size_t(r) * d;
-            float         s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-            for (int32_t i = 0; i < d; ++i) {
-                s0 += qr[i] * k[0][i];
-                s1 += qr[i] * k[1][i];
-                s2 += qr[i] * k[2][i];
-                s3 += qr[i] * k[3][i];
-            }
-            float * out = logits.data() + size_t(r) * n_keys + t;
-            out[0]      = s0;
-            out[1]      = s1;
-            out[2]      = s2;
-            out[3]      = s3;
-        }
-    }
-    for (; t < n_keys; ++t) {
-        const float * kt = key_row(keys, t, ig, scratch.data());
-        for (int32_t r = 0; r < n_rows; ++r) {
-            const float * qr = q.data() + size_t(r) * d;
-            float         s  = 0;
-#pragma omp simd reduction(+ : s)
-            for (int32_t i = 0; i < d; ++i) {
-                s += qr[i] * kt[i];
-            }
-            logits[size_t(r) * n_keys + t] = s;
+        for (; r < n_rows; ++r) {
+            micro_kernel<1>(q.data() + size_t(r) * d, d, kt.data(), logits.data() + r * stride + t0, stride);
         }
     }
 }
+
+size_t padded(int32_t n) { return (size_t(n) + k_keys - 1) / k_keys * k_keys; }
 
 // In place: row[0..n) <- softmax(row[0..n)); returns nothing, the row sums to one.
 void softmax(float * row, int32_t n) {
@@ -115,13 +117,14 @@ void window_attention(const capture_view & cap, int32_t il, int32_t ig, int32_t 
     const layer_capture & lc     = cap.layers[il];
     const int32_t         n_rows = g * n_window;
     std::vector<float>    q      = group_queries(cap, lc.queries, ig, cap.n_queries - n_window, n_window);
-    std::vector<float>    logits(size_t(n_rows) * t_all);
-    dot_rows(lc.keys, ig, t_all, q, n_rows, cap.head_dim, logits);
+    const size_t          stride = padded(t_all);
+    std::vector<float>    logits(size_t(n_rows) * stride);
+    dot_rows(lc.keys, ig, t_all, q, n_rows, cap.head_dim, logits, stride);
 
     std::vector<float> acc(size_t(n_prefix), 0.0f);
     for (int32_t r = 0; r < n_rows; ++r) {
         const int32_t i   = r % n_window;           // window query i sits at token n_prefix + i
-        float *       row = logits.data() + size_t(r) * t_all;
+        float *       row = logits.data() + size_t(r) * stride;
         softmax(row, n_prefix + i + 1);            // causal: keys j <= n_prefix + i
 #pragma omp simd
         for (int32_t j = 0; j < n_prefix; ++j) {
@@ -146,11 +149,12 @@ void accumulated_attention(const capture_view & cap, int32_t il, int32_t ig, std
         const int32_t      n      = std::min(chunk, t_all - first);
         std::vector<float> q      = group_queries(cap, lc.full_queries, ig, first, n);
         const int32_t      n_keys = first + n;  // later keys are masked for every query of the chunk
-        std::vector<float> logits(size_t(g) * n * n_keys);
-        dot_rows(lc.keys, ig, n_keys, q, g * n, cap.head_dim, logits);
+        const size_t       stride = padded(n_keys);
+        std::vector<float> logits(size_t(g) * n * stride);
+        dot_rows(lc.keys, ig, n_keys, q, g * n, cap.head_dim, logits, stride);
         for (int32_t r = 0; r < g * n; ++r) {
             const int32_t i   = first + r % n;
-            float *       row = logits.data() + size_t(r) * n_keys;
+            float *       row = logits.data() + size_t(r) * stride;
             softmax(row, i + 1);
             const int32_t m = std::min<int32_t>(i + 1, int32_t(out.size()));
             for (int32_t j = 0; j < m; ++j) {

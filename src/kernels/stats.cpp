@@ -32,54 +32,80 @@ std::vector<double> pool(std::span<const float> x, int32_t kernel, pool_kind kin
     return out;
 }
 
+namespace {
+
+float sum_squares(const float * x, int32_t n) {
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int32_t i = 0; i < n; ++i) {
+        s += x[i] * x[i];
+    }
+    return s;
+}
+
+}  // namespace
+
 std::vector<double> row_norms(const tensor_view & rows, int32_t ig, int32_t n_rows) {
     std::vector<double> out(static_cast<size_t>(n_rows));
-    std::vector<float>  row(size_t(rows.ne[0]));
+    std::vector<float>  row(static_cast<size_t>(rows.ne[0]));
     for (int32_t t = 0; t < n_rows; ++t) {
         rows.row_f32(t, ig, row.data());
-        double s = 0;
-#pragma omp simd reduction(+ : s)
-        for (size_t i = 0; i < row.size(); ++i) {
-            s += double(row[i]) * double(row[i]);
-        }
-        out[t] = std::sqrt(s);
+        out[t] = std::sqrt(double(sum_squares(row.data(), int32_t(row.size()))));
     }
     return out;
 }
 
+// Two passes over the keys in fp32 SIMD: (1) norms and the centroids mu, kbar, summed in fp32 blocks of
+// k_block rows and carried in fp64; (2) c[j] and dE[j] against the fp32 centroids.
 key_geometry compute_key_geometry(const tensor_view & keys, int32_t ig, int32_t n_centroid, int32_t n_prefix) {
-    const int32_t       d = int32_t(keys.ne[0]);
-    std::vector<float>  row(static_cast<size_t>(d));
-    std::vector<double> norm = row_norms(keys, ig, std::max(n_centroid, n_prefix));
-    std::vector<double> mu(static_cast<size_t>(d), 0.0), kbar(static_cast<size_t>(d), 0.0);
-    for (int32_t t = 0; t < n_centroid; ++t) {
+    constexpr int32_t   k_block = 64;
+    const int32_t       d       = int32_t(keys.ne[0]);
+    const int32_t       n_rows  = std::max(n_centroid, n_prefix);
+    std::vector<float>  row(static_cast<size_t>(d)), mu_blk(static_cast<size_t>(d)), kbar_blk(static_cast<size_t>(d));
+    std::vector<double> norm(static_cast<size_t>(n_rows)), mu(static_cast<size_t>(d)), kbar(static_cast<size_t>(d));
+    for (int32_t t = 0; t < n_rows; ++t) {
         keys.row_f32(t, ig, row.data());
-        const double inv = 1.0 / std::max(norm[t], 1e-12);
-        for (int32_t i = 0; i < d; ++i) {
-            mu[i] += row[i] * inv;
-            kbar[i] += row[i];
+        norm[t] = std::sqrt(double(sum_squares(row.data(), d)));
+        if (t < n_centroid) {
+            const float inv = float(1.0 / std::max(norm[t], 1e-12));
+#pragma omp simd
+            for (int32_t i = 0; i < d; ++i) {
+                mu_blk[i] += row[i] * inv;
+                kbar_blk[i] += row[i];
+            }
+        }
+        if ((t + 1) % k_block == 0 || t + 1 == n_rows) {
+            for (int32_t i = 0; i < d; ++i) {
+                mu[i] += mu_blk[i];
+                kbar[i] += kbar_blk[i];
+            }
+            std::fill(mu_blk.begin(), mu_blk.end(), 0.0f);
+            std::fill(kbar_blk.begin(), kbar_blk.end(), 0.0f);
         }
     }
+    std::vector<float> mu_f(static_cast<size_t>(d)), kbar_f(static_cast<size_t>(d));
     for (int32_t i = 0; i < d; ++i) {
         mu[i] /= n_centroid;
         kbar[i] /= n_centroid;
+        mu_f[i]   = float(mu[i]);
+        kbar_f[i] = float(kbar[i]);
     }
     key_geometry g;
-    g.cos_mu.resize(size_t(n_prefix));
-    g.dist.resize(size_t(n_prefix));
+    g.cos_mu.resize(static_cast<size_t>(n_prefix));
+    g.dist.resize(static_cast<size_t>(n_prefix));
     double sum_dist = 0;
-    for (int32_t t = 0; t < std::max(n_centroid, n_prefix); ++t) {
+    for (int32_t t = 0; t < n_rows; ++t) {
         keys.row_f32(t, ig, row.data());
-        double dot = 0, dist2 = 0;
+        float dot = 0, dist2 = 0;
 #pragma omp simd reduction(+ : dot, dist2)
         for (int32_t i = 0; i < d; ++i) {
-            dot += row[i] * mu[i];
-            const double diff = row[i] - kbar[i];
+            dot += row[i] * mu_f[i];
+            const float diff = row[i] - kbar_f[i];
             dist2 += diff * diff;
         }
-        const double dist = std::sqrt(dist2);
+        const double dist = std::sqrt(double(dist2));
         if (t < n_prefix) {
-            g.cos_mu[t] = dot / std::max(norm[t], 1e-12);
+            g.cos_mu[t] = double(dot) / std::max(norm[t], 1e-12);
             g.dist[t]   = dist;
         }
         if (t < n_centroid) {
