@@ -72,7 +72,7 @@ elseif(ECOKV_LLAMA_INSTALLED)                                # (b) installed pac
   # used for their own deps (libggml*), so a prefix outside the loader's path fails at run time.
   # Old-style DT_RPATH applies to transitive deps too.
   if(LLAMA_SHARED_LIB AND NOT LLAMA_LIB_DIR IN_LIST CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES)
-    set_property(TARGET mtmd APPEND PROPERTY INTERFACE_LINK_OPTIONS "LINKER:--disable-new-dtags")
+    set_property(TARGET llama mtmd APPEND PROPERTY INTERFACE_LINK_OPTIONS "LINKER:--disable-new-dtags")
   endif()
   if(NOT TARGET ggml AND TARGET ggml::ggml)
     add_library(ggml ALIAS ggml::ggml)                       # same name as the source routes

@@ -113,8 +113,9 @@ else
         tail -n 20 "$PACK/npm-pack.log" >&2 || true
         die "npm pack $PKG failed: package or version not found, or the npm registry is unreachable"
     fi
-    TGZ=$(ls "$PACK"/*.tgz 2>/dev/null | head -n1) || true
-    [[ -n "$TGZ" ]] || die "npm pack $PKG produced no tarball"
+    shopt -s nullglob; TGZS=("$PACK"/*.tgz); shopt -u nullglob
+    [[ ${#TGZS[@]} -eq 1 ]] || die "npm pack $PKG produced no tarball"
+    TGZ=${TGZS[0]}
     say "packed $(basename "$TGZ") ($(du -h "$TGZ" | cut -f1)); extracting the bundle"
     mkdir -p "$PACK/out"
     tar -xzf "$TGZ" -C "$PACK" package/llama/gitRelease.bundle \

@@ -1,4 +1,8 @@
 // compress(): statistics -> allocation -> scores -> selection (-> merge), threaded over (layer, KV head).
+//
+// Each (layer, KV head) is checked for NaN, measured, scored and selected in one task, so its K and V are
+// read from memory about once. Allocators that need every head's statistics first (AdaKV, MadaKV) split
+// the task in two around the allocation.
 #include "ecokv/compress.h"
 
 #include "impl.h"
@@ -9,71 +13,104 @@
 
 #include <algorithm>
 #include <numeric>
-#include <thread>
 
 namespace ecokv {
 
 namespace {
-
-int32_t thread_count(const compress_options & options) {
-    return options.n_threads > 0 ? options.n_threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-void check_capture(const capture_view & cap, const method_spec & spec, int32_t n_window, unsigned needs) {
-    cap.validate();
-    cap.check_finite();
-    if ((needs & stat_window_attention) && n_window > cap.n_queries) {
-        ECOKV_THROW("--window %d exceeds the %d window queries the capture holds", n_window, cap.n_queries);
-    }
-    if ((needs & stat_accum_attention) && !cap.has_full_queries()) {
-        ECOKV_THROW("method %s needs the queries of every prompt token; capture with --full-queries",
-                    spec.name().c_str());
-    }
-}
 
 uint64_t entry_bytes(const capture_view & cap) {
     return uint64_t(cap.head_dim) * dtype_size(cap.layers[0].keys.type) +
            uint64_t(cap.head_dim_v) * dtype_size(cap.layers[0].values.type);
 }
 
-// Everything compress() and score_heads() share: validated method, statistics, allocation.
-struct prepared {
-    const scorer_entry &    scorer_e;
-    const allocator_entry & alloc_e;
-    int32_t                 n_window = 0;
-    int32_t                 n_threads = 1;
-    std::vector<head_stats> stats;  // [n_layers * n_kv_heads]
-    allocation              alloc;
-};
-
-prepared prepare(const capture_view & cap, const method_spec & spec, const method_params & params,
-                 const compress_options & options) {
-    prepared p{ find_scorer(spec.scorer), find_allocator(spec.allocator) };
-    p.n_window      = method_window(spec, params);
-    p.n_threads     = thread_count(options);
-    const unsigned needs = p.scorer_e.needs | p.alloc_e.needs;
-    params.validate(p.n_window);
-    check_capture(cap, spec, p.n_window, needs);
-    const int32_t n_prefix = cap.n_tokens - p.n_window;
-    if (n_prefix <= 0) {
-        return p;  // nothing to score: the window covers the prompt
+// One compression run: the validated method and its per-head state.
+class run {
+  public:
+    run(const capture_view & cap, const method_spec & spec, const method_params & params,
+        const compress_options & options) :
+        cap_(cap),
+        spec_(spec),
+        params_(params),
+        scorer_e_(find_scorer(spec.scorer)),
+        alloc_e_(find_allocator(spec.allocator)),
+        n_window_(method_window(spec, params)),
+        n_threads_(options.n_threads),
+        needs_(scorer_e_.needs | alloc_e_.needs) {
+        params.validate(n_window_);
+        cap.validate();
+        if ((needs_ & stat_window_attention) && n_window_ > cap.n_queries) {
+            ECOKV_THROW("--window %d exceeds the %d window queries the capture holds", n_window_, cap.n_queries);
+        }
+        if ((needs_ & stat_accum_attention) && !cap.has_full_queries()) {
+            ECOKV_THROW("method %s needs the queries of every prompt token; capture with --full-queries",
+                        spec.name().c_str());
+        }
+        stats_.resize(n_heads());
     }
-    p.stats.resize(size_t(cap.n_layers) * cap.n_kv_heads);
-    kernels::parallel_for(int64_t(p.stats.size()), p.n_threads, [&](int64_t i) {
-        const int32_t il = int32_t(i / cap.n_kv_heads), ig = int32_t(i % cap.n_kv_heads);
-        if (needs & stat_window_attention) {
-            p.stats[i].attn_raw.resize(size_t(n_prefix));
-            kernels::window_attention(cap, il, ig, p.n_window, p.stats[i].attn_raw);
+
+    int32_t n_window() const { return n_window_; }
+    int32_t n_prefix() const { return cap_.n_tokens - n_window_; }
+    size_t  n_heads() const { return size_t(cap_.n_layers) * cap_.n_kv_heads; }
+
+    // Runs head_fn(i, budget) for every head; the allocation is made before (from all statistics) or
+    // per head (allocators that need none).
+    template <typename Fn> void for_each_head(Fn && head_fn) {
+        allocation alloc;
+        if (alloc_e_.needs != 0) {
+            kernels::parallel_for(int64_t(n_heads()), n_threads_, [&](int64_t i) { measure(size_t(i)); });
+            alloc = alloc_e_.make()->allocate({ cap_, params_, n_window_, stats_ });
+        } else {
+            alloc = alloc_e_.make()->allocate({ cap_, params_, n_window_, {} });
         }
-        if (needs & stat_accum_attention) {
-            p.stats[i].attn_accum.resize(size_t(n_prefix));
-            kernels::accumulated_attention(cap, il, ig, p.stats[i].attn_accum);
+        ECOKV_ASSERT(alloc.budget.size() == n_heads());
+        kernels::parallel_for(int64_t(n_heads()), n_threads_, [&](int64_t i) {
+            measure(size_t(i));
+            const head_budget b{ std::clamp(alloc.budget[i], 0, n_prefix()),
+                                 alloc.budget_image.empty() ? -1 : alloc.budget_image[i], alloc.text_first };
+            head_fn(size_t(i), b);
+            stats_[i] = {};  // release as we go
+        });
+    }
+
+    std::vector<double> score(size_t i) const {
+        std::vector<double> s(static_cast<size_t>(n_prefix()), 0.0);
+        scorer_->score({ cap_, params_, layer(i), head(i), n_window_, stats_[i] }, s);
+        return s;
+    }
+
+  private:
+    int32_t layer(size_t i) const { return int32_t(i / cap_.n_kv_heads); }
+    int32_t head(size_t i) const { return int32_t(i % cap_.n_kv_heads); }
+
+    // NaN check and statistics of head i, once.
+    void measure(size_t i) {
+        head_stats & st = stats_[i];
+        if (st.measured) {
+            return;
         }
-    });
-    p.alloc = p.alloc_e.make()->allocate({ cap, params, p.n_window, p.stats });
-    ECOKV_ASSERT(p.alloc.budget.size() == p.stats.size());
-    return p;
-}
+        cap_.check_finite(layer(i), head(i));
+        if (needs_ & stat_window_attention) {
+            st.attn_raw.resize(size_t(n_prefix()));
+            kernels::window_attention(cap_, layer(i), head(i), n_window_, st.attn_raw);
+        }
+        if (needs_ & stat_accum_attention) {
+            st.attn_accum.resize(size_t(n_prefix()));
+            kernels::accumulated_attention(cap_, layer(i), head(i), st.attn_accum);
+        }
+        st.measured = true;
+    }
+
+    const capture_view &    cap_;
+    const method_spec &     spec_;
+    const method_params &   params_;
+    const scorer_entry &    scorer_e_;
+    const allocator_entry & alloc_e_;
+    const int32_t           n_window_;
+    const int32_t           n_threads_;
+    const unsigned          needs_;
+    const scorer_ptr        scorer_ = scorer_e_.make();
+    std::vector<head_stats> stats_;  // [n_layers * n_kv_heads]
+};
 
 }  // namespace
 
@@ -89,40 +126,33 @@ size_t selection::n_kept() const {
 
 selection compress(const capture_view & cap, const method_spec & spec, const method_params & params,
                    const compress_options & options) {
-    const size_t  n_heads = size_t(cap.n_layers) * cap.n_kv_heads;
-    const int32_t t_all   = cap.n_tokens;
-    selection     sel;
+    run       r(cap, spec, params, options);
+    selection sel;
     sel.method   = spec.name();
     sel.budget   = params.budget;
-    sel.n_tokens = t_all;
+    sel.window   = r.n_window();
+    sel.n_tokens = cap.n_tokens;
     sel.layers.assign(size_t(cap.n_layers), std::vector<head_selection>(size_t(cap.n_kv_heads)));
-    sel.kv_bytes_full = uint64_t(n_heads) * t_all * entry_bytes(cap);
+    sel.kv_bytes_full = uint64_t(r.n_heads()) * cap.n_tokens * entry_bytes(cap);
     auto head_of = [&](size_t i) -> head_selection & { return sel.layers[i / cap.n_kv_heads][i % cap.n_kv_heads]; };
 
-    if (t_all <= params.budget) {  // SPEC §2: nothing to compress anywhere; still validate everything
-        params.validate(method_window(spec, params));
-        check_capture(cap, spec, method_window(spec, params), 0);
-        sel.window = method_window(spec, params);
-        for (size_t i = 0; i < n_heads; ++i) {
-            head_of(i).kept.resize(size_t(t_all));
+    if (cap.n_tokens <= params.budget) {  // SPEC §2: nothing to compress anywhere
+        cap.check_finite();
+        for (size_t i = 0; i < r.n_heads(); ++i) {
+            head_of(i).kept.resize(size_t(cap.n_tokens));
             std::iota(head_of(i).kept.begin(), head_of(i).kept.end(), 0);
+            if (params.merge == merge_kind::pivot) {  // nothing evicted: the rows are the originals
+                merge_pivot(cap, int32_t(i / cap.n_kv_heads), int32_t(i % cap.n_kv_heads), r.n_window(), head_of(i));
+            }
         }
     } else {
-        const prepared p        = prepare(cap, spec, params, options);
-        const int32_t  n_prefix = t_all - p.n_window;
-        sel.window              = p.n_window;
-        const scorer_ptr scorer = p.scorer_e.make();
-        kernels::parallel_for(int64_t(n_heads), p.n_threads, [&](int64_t i) {
-            const int32_t il = int32_t(i / cap.n_kv_heads), ig = int32_t(i % cap.n_kv_heads);
-            head_budget   b{ std::clamp(p.alloc.budget[i], 0, n_prefix),
-                           p.alloc.budget_image.empty() ? -1 : p.alloc.budget_image[i], p.alloc.text_first };
-            std::vector<double> scores(size_t(n_prefix), 0.0);
-            if (b.prefix < n_prefix) {  // a head whose budget covers P keeps everything without scoring
-                scorer->score({ cap, params, il, ig, p.n_window, p.stats[i] }, scores);
-            }
-            head_of(size_t(i)).kept = select_head(scores, b, t_all, cap);
+        r.for_each_head([&](size_t i, const head_budget & b) {
+            // A head whose budget covers P keeps everything without scoring.
+            const std::vector<double> s = b.prefix < r.n_prefix() ? r.score(i)
+                                                                  : std::vector<double>(size_t(r.n_prefix()), 0.0);
+            head_of(i).kept = select_head(s, b, cap.n_tokens, cap);
             if (params.merge == merge_kind::pivot) {
-                merge_pivot(cap, il, ig, p.n_window, head_of(size_t(i)));
+                merge_pivot(cap, int32_t(i / cap.n_kv_heads), int32_t(i % cap.n_kv_heads), r.n_window(), head_of(i));
             }
         });
     }
@@ -132,14 +162,11 @@ selection compress(const capture_view & cap, const method_spec & spec, const met
 
 std::vector<std::vector<double>> score_heads(const capture_view & cap, const method_spec & spec,
                                              const method_params & params, const compress_options & options) {
-    const prepared                   p = prepare(cap, spec, params, options);
-    std::vector<std::vector<double>> out(p.stats.size());
-    const scorer_ptr                 scorer = p.scorer_e.make();
-    kernels::parallel_for(int64_t(out.size()), p.n_threads, [&](int64_t i) {
-        const int32_t il = int32_t(i / cap.n_kv_heads), ig = int32_t(i % cap.n_kv_heads);
-        out[i].resize(size_t(cap.n_tokens - p.n_window));
-        scorer->score({ cap, params, il, ig, p.n_window, p.stats[i] }, out[i]);
-    });
+    run                              r(cap, spec, params, options);
+    std::vector<std::vector<double>> out(r.n_heads());
+    if (r.n_prefix() > 0) {
+        r.for_each_head([&](size_t i, const head_budget &) { out[i] = r.score(i); });
+    }
     return out;
 }
 

@@ -22,6 +22,7 @@ enum stat_flags : unsigned {
 struct head_stats {
     std::vector<float> attn_raw;    // [n_prefix] a0: window attention, mean over window queries and group
     std::vector<float> attn_accum;  // [n_prefix] accumulated causal attention
+    bool               measured = false;
 };
 
 // What a scorer sees of one (layer, KV head).

@@ -1,1 +1,632 @@
+// The `ecokv` binary end to end: help and usage, synth-capture, compress, and every user error: exit status 1,
+// a message naming the file/option/tensor at fault on stderr, and no output file (nor temporary) left behind.
+#include "ecokv/ecokv.h"
+
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json   = nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------------------------
+// helpers
+
+class temp_dir {
+  public:
+    temp_dir() {
+        static std::atomic<int> counter{ 0 };
+        const auto *            info = ::testing::UnitTest::GetInstance()->current_test_info();
+        std::string             name = "ecokv-test-cli-" + std::to_string(::getpid()) + "-" +
+                           std::to_string(counter++) + "-" + (info ? info->name() : "x");
+        for (char & c : name) {
+            if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') {
+                c = '_';
+            }
+        }
+        path_ = fs::temp_directory_path() / name;
+        fs::remove_all(path_);
+        fs::create_directories(path_);
+    }
+    ~temp_dir() {
+        std::error_code ec;
+        fs::remove_all(path_, ec);
+    }
+    temp_dir(const temp_dir &)             = delete;
+    temp_dir & operator=(const temp_dir &) = delete;
+
+    std::string operator/(const std::string & name) const { return (path_ / name).string(); }
+    const fs::path & path() const { return path_; }
+
+  private:
+    fs::path path_;
+};
+
+std::set<std::string> list_dir(const std::string & dir) {
+    std::set<std::string> out;
+    for (const auto & e : fs::directory_iterator(dir)) {
+        out.insert(e.path().filename().string());
+    }
+    return out;
+}
+
+std::string read_file(const std::string & path) {
+    std::ifstream      in(path, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+void write_file(const std::string & path, const std::string & bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+std::string quote(const std::string & s) {
+    std::string out = "'";
+    for (char c : s) {
+        if (c == '\'') {
+            out += "'\\''";
+        } else {
+            out += c;
+        }
+    }
+    return out + "'";
+}
+
+struct run_result {
+    int         code = -1;
+    std::string out;
+    std::string err;
+};
+
+// Runs the ecokv binary with `args` (each quoted), stdout and stderr captured in files under `io_dir`.
+run_result run_cli(const std::string & io_dir, const std::vector<std::string> & args) {
+    static std::atomic<int> n{ 0 };
+    const std::string       id  = std::to_string(n++);
+    const std::string       out = io_dir + "/stdout." + id, err = io_dir + "/stderr." + id;
+    std::string             cmd = quote(ECOKV_CLI);
+    for (const std::string & a : args) {
+        cmd += " " + quote(a);
+    }
+    cmd += " >" + quote(out) + " 2>" + quote(err) + " </dev/null";
+    const int  status = std::system(cmd.c_str());
+    run_result r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    r.out  = read_file(out);
+    r.err  = read_file(err);
+    return r;
+}
+
+std::string describe(const run_result & r) {
+    return "exit " + std::to_string(r.code) + "\n--- stdout:\n" + r.out + "--- stderr:\n" + r.err;
+}
+
+bool contains(const std::string & text, const std::string & part) {
+    return text.find(part) != std::string::npos;
+}
+
+// The capture every compress test reads: L 2, H 4, Hkv 2, D 8, Dv 8, T 96, Nq 32.
+constexpr int32_t k_layers = 2, k_heads = 4, k_kv_heads = 2, k_dim = 8, k_tokens = 96, k_queries = 32;
+
+ecokv::synth_params fixture_params(bool full_queries) {
+    ecokv::synth_params p;
+    p.n_layers     = k_layers;
+    p.n_heads      = k_heads;
+    p.n_kv_heads   = k_kv_heads;
+    p.head_dim     = k_dim;
+    p.n_tokens     = k_tokens;
+    p.n_queries    = k_queries;
+    p.full_queries = full_queries;
+    p.seed         = 11;
+    p.image_spans  = { { 20, 50 } };
+    return p;
+}
+
+// A test directory with io/ (captured stdout/stderr), in/ (inputs) and out/ (where outputs go; starts empty).
+struct cli_fixture {
+    temp_dir    dir;
+    std::string io, in, out;
+    std::string capture;       // window queries only
+    std::string capture_full;  // with full queries (h2o, lookm)
+
+    cli_fixture() : io(dir / "io"), in(dir / "in"), out(dir / "out") {
+        fs::create_directories(io);
+        fs::create_directories(in);
+        fs::create_directories(out);
+        capture      = in + "/cap.safetensors";
+        capture_full = in + "/cap-full.safetensors";
+        ecokv::write_capture(capture, ecokv::make_synth_capture(fixture_params(false)).view());
+        ecokv::write_capture(capture_full, ecokv::make_synth_capture(fixture_params(true)).view());
+    }
+
+    run_result run(const std::vector<std::string> & args) const { return run_cli(io, args); }
+
+    // A head-score file in the official format, with every (layer, query head) but those in `skip`.
+    std::string head_scores(const std::string & name, const std::set<std::string> & skip = {}) const {
+        json j = json::object();
+        for (int l = 0; l < k_layers; ++l) {
+            for (int h = 0; h < k_heads; ++h) {
+                const std::string key = std::to_string(l) + "-" + std::to_string(h);
+                if (!skip.count(key)) {
+                    j[key] = { 0.5 + 0.1 * h, 1.0 + 0.2 * l, 0.25 };
+                }
+            }
+        }
+        const std::string path = in + "/" + name;
+        write_file(path, j.dump());
+        return path;
+    }
+};
+
+// The fixture's capture with one NaN in layers.0.keys (head 1, token 40, channel 3), written by the library.
+std::string write_nan_capture(const std::string & path) {
+    const ecokv::owned_capture cap = ecokv::make_synth_capture(fixture_params(false));
+    ecokv::capture_view        v   = cap.view();
+    const ecokv::tensor_view & k   = v.layers[0].keys;
+    std::vector<float>         keys(size_t(k.n_elements()));
+    std::memcpy(keys.data(), k.data, keys.size() * sizeof(float));
+    keys[(size_t(1) * k_tokens + 40) * k_dim + 3] = std::numeric_limits<float>::quiet_NaN();
+    v.layers[0].keys = ecokv::tensor_view::packed(keys.data(), ecokv::dtype::f32, { k_kv_heads, k_tokens, k_dim });
+    ecokv::write_capture(path, v);
+    return path;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// help and usage
+
+TEST(cli, help_exits_zero) {
+    temp_dir dir;
+    for (const char * flag : { "--help", "-h" }) {
+        const run_result r = run_cli(dir.path().string(), { flag });
+        EXPECT_EQ(r.code, 0) << describe(r);
+        EXPECT_TRUE(contains(r.out, "usage: ecokv")) << describe(r);
+        EXPECT_TRUE(contains(r.out, "compress")) << describe(r);
+        EXPECT_TRUE(contains(r.out, "synth-capture")) << describe(r);
+    }
+    run_result r = run_cli(dir.path().string(), { "compress", "--help" });
+    EXPECT_EQ(r.code, 0) << describe(r);
+    for (const char * opt : { "--input", "--output", "--method", "--budget", "--window", "--kernel", "--head-scores",
+                              "--merge", "--list-methods" }) {
+        EXPECT_TRUE(contains(r.out, opt)) << opt << "\n" << describe(r);
+    }
+    r = run_cli(dir.path().string(), { "synth-capture", "--help" });
+    EXPECT_EQ(r.code, 0) << describe(r);
+    for (const char * opt : { "--layers", "--heads", "--kv-heads", "--tokens", "--image-tokens", "--full-queries",
+                              "--dtype", "--output" }) {
+        EXPECT_TRUE(contains(r.out, opt)) << opt << "\n" << describe(r);
+    }
+}
+
+TEST(cli, no_command_or_unknown_command_exits_one_with_usage) {
+    temp_dir   dir;
+    run_result r = run_cli(dir.path().string(), {});
+    EXPECT_EQ(r.code, 1) << describe(r);
+    EXPECT_TRUE(contains(r.err, "usage: ecokv")) << describe(r);
+    EXPECT_TRUE(r.out.empty()) << describe(r);
+
+    r = run_cli(dir.path().string(), { "bogus" });
+    EXPECT_EQ(r.code, 1) << describe(r);
+    EXPECT_TRUE(contains(r.err, "unknown command 'bogus'")) << describe(r);
+    EXPECT_TRUE(contains(r.err, "usage: ecokv")) << describe(r);
+
+    r = run_cli(dir.path().string(), { "--bogus" });
+    EXPECT_EQ(r.code, 1) << describe(r);
+    EXPECT_TRUE(contains(r.err, "usage: ecokv")) << describe(r);
+}
+
+TEST(cli, list_methods_lists_every_registered_name) {
+    temp_dir         dir;
+    const run_result r = run_cli(dir.path().string(), { "compress", "--list-methods" });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    std::set<std::string> first_words;
+    std::istringstream    lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+        first_words.insert(line.substr(0, line.find(' ')));
+    }
+    const auto methods = ecokv::list_methods();
+    EXPECT_GE(methods.size(), 17u);
+    for (const ecokv::method_info & m : methods) {
+        EXPECT_TRUE(first_words.count(m.name)) << m.name << "\n" << describe(r);
+        EXPECT_TRUE(contains(r.out, m.description)) << m.name;
+    }
+    // A few by name, as the SPEC lists them.
+    for (const char * name : { "snapkv", "ecokv", "h2o", "uniform", "pyramidkv", "adakv", "sparsemm", "lookm" }) {
+        EXPECT_TRUE(first_words.count(name)) << name;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// synth-capture
+
+TEST(cli, synth_capture_writes_the_requested_capture) {
+    temp_dir          dir;
+    const std::string path = dir / "cap.safetensors";
+    const run_result  r    = run_cli(dir.path().string(),
+                                     { "synth-capture", "--layers", "3", "--heads", "6", "--kv-heads", "2", "--head-dim", "16",
+                                       "--head-dim-v", "12", "--tokens", "100", "--queries", "40", "--image-tokens", "10:20",
+                                       "--image-tokens", "50:55", "--full-queries", "--dtype", "f16", "--seed", "3", "-o",
+                                       path });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_TRUE(contains(r.out, path)) << describe(r);
+    const auto   f = ecokv::capture_file::open(path);
+    const auto & v = f.view();
+    EXPECT_EQ(v.n_layers, 3);
+    EXPECT_EQ(v.n_heads, 6);
+    EXPECT_EQ(v.n_kv_heads, 2);
+    EXPECT_EQ(v.head_dim, 16);
+    EXPECT_EQ(v.head_dim_v, 12);
+    EXPECT_EQ(v.n_tokens, 100);
+    EXPECT_EQ(v.n_queries, 40);
+    EXPECT_TRUE(v.has_full_queries());
+    EXPECT_EQ(v.layers[2].keys.type, ecokv::dtype::f16);
+    EXPECT_EQ(v.layers[2].full_queries.ne, (std::array<int64_t, 4>{ 16, 100, 6, 1 }));
+    std::vector<uint8_t> modality(100, 0);
+    for (int t = 10; t < 20; ++t) {
+        modality[size_t(t)] = 1;
+    }
+    for (int t = 50; t < 55; ++t) {
+        modality[size_t(t)] = 1;
+    }
+    EXPECT_EQ(v.modality, modality);
+    EXPECT_EQ(f.metadata().at("seed"), "3");
+    EXPECT_NO_THROW(v.check_finite());
+    EXPECT_EQ(list_dir(dir.path().string()).count("cap.safetensors"), 1u);
+
+    // The defaults, and the same bytes on a second run.
+    const std::string a = dir / "a.safetensors", b = dir / "b.safetensors";
+    ASSERT_EQ(run_cli(dir.path().string(), { "synth-capture", "--tokens", "64", "-o", a }).code, 0);
+    ASSERT_EQ(run_cli(dir.path().string(), { "synth-capture", "--tokens", "64", "-o", b }).code, 0);
+    EXPECT_EQ(read_file(a), read_file(b));
+    const auto d = ecokv::capture_file::open(a);
+    EXPECT_EQ(d.view().n_layers, 4);
+    EXPECT_EQ(d.view().n_heads, 8);
+    EXPECT_EQ(d.view().n_kv_heads, 4);
+    EXPECT_EQ(d.view().head_dim, 64);
+    EXPECT_EQ(d.view().head_dim_v, 64);
+    EXPECT_EQ(d.view().n_queries, 32);
+    EXPECT_EQ(d.view().layers[0].keys.type, ecokv::dtype::f32);
+    EXPECT_FALSE(d.view().has_full_queries());
+    EXPECT_TRUE(d.view().modality.empty());
+}
+
+TEST(cli, synth_capture_bad_options) {
+    struct bad {
+        std::vector<std::string> args;
+        std::string              message;
+    };
+    const std::vector<bad> cases = {
+        { { "--heads", "6", "--kv-heads", "4" }, "--heads 6" },
+        { { "--tokens", "16", "--queries", "32" }, "--queries 32" },
+        { { "--image-tokens", "5-9" }, "--image-tokens '5-9'" },
+        { { "--image-tokens", "30:600" }, "--image-tokens 30:600" },
+        { { "--dtype", "bf16" }, "--dtype" },
+        { { "--head-dim", "7" }, "--head-dim 7" },
+        { { "--head-dim-v=-3" }, "--head-dim-v -3" },
+        { { "--layers", "0" }, "--layers 0" },
+        { { "--layers", "two" }, "two" },
+        { { "--bogus" }, "bogus" },
+        { { "stray" }, "unexpected argument 'stray'" },
+    };
+    temp_dir          dir;
+    const std::string io = dir / "io", out = dir / "out";
+    fs::create_directories(io);
+    fs::create_directories(out);
+    const std::string path = out + "/cap.safetensors";
+    for (const bad & c : cases) {
+        std::vector<std::string> args = { "synth-capture", "-o", path };
+        args.insert(args.end(), c.args.begin(), c.args.end());
+        SCOPED_TRACE(c.message);
+        const run_result r = run_cli(io, args);
+        EXPECT_EQ(r.code, 1) << describe(r);
+        EXPECT_TRUE(contains(r.err, "ecokv synth-capture: error:")) << describe(r);
+        EXPECT_TRUE(contains(r.err, c.message)) << describe(r);
+        EXPECT_TRUE(list_dir(out).empty());
+    }
+    const run_result r = run_cli(io, { "synth-capture" });
+    EXPECT_EQ(r.code, 1) << describe(r);
+    EXPECT_TRUE(contains(r.err, "missing --output")) << describe(r);
+    // Into a directory that does not exist: nothing is created.
+    const run_result r2 = run_cli(io, { "synth-capture", "-o", out + "/sub/cap.safetensors" });
+    EXPECT_EQ(r2.code, 1) << describe(r2);
+    EXPECT_TRUE(contains(r2.err, out + "/sub/cap.safetensors")) << describe(r2);
+    EXPECT_TRUE(list_dir(out).empty());
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// compress
+
+// Checks the selection JSON of a uniform method: every head keeps min(T, B) ascending tokens, the last N included.
+void check_uniform_selection(const json & j, const std::string & method, int32_t budget, int32_t window) {
+    SCOPED_TRACE(method);
+    EXPECT_EQ(j["method"], method);
+    EXPECT_EQ(j["budget"], budget);
+    EXPECT_EQ(j["window"], window);
+    EXPECT_EQ(j["n_tokens"], k_tokens);
+    // By hand: 2 layers * 2 KV heads * 96 tokens * (8 * 4 + 8 * 4) bytes (F32 keys and values).
+    EXPECT_EQ(j["kv_bytes_full"].get<uint64_t>(), 24576u);
+    const size_t n_keep = size_t(std::min(k_tokens, budget));
+    EXPECT_EQ(j["kv_bytes_kept"].get<uint64_t>(), uint64_t(k_layers) * k_kv_heads * n_keep * 64);
+    ASSERT_EQ(j["layers"].size(), size_t(k_layers));
+    for (const json & layer : j["layers"]) {
+        ASSERT_EQ(layer["heads"].size(), size_t(k_kv_heads));
+        for (const json & h : layer["heads"]) {
+            const auto kept = h.get<std::vector<int32_t>>();
+            ASSERT_EQ(kept.size(), n_keep);
+            for (size_t i = 1; i < kept.size(); ++i) {
+                EXPECT_LT(kept[i - 1], kept[i]);
+            }
+            EXPECT_GE(kept.front(), 0);
+            EXPECT_LT(kept.back(), k_tokens);
+            for (int32_t t = k_tokens - window; t < k_tokens; ++t) {
+                EXPECT_TRUE(std::binary_search(kept.begin(), kept.end(), t)) << "window token " << t;
+            }
+        }
+    }
+}
+
+TEST(cli, compress_writes_the_selection) {
+    cli_fixture fx;
+    struct ok_case {
+        std::string method, canonical;
+        int32_t     budget, window;
+    };
+    const std::vector<ok_case> cases = {
+        { "snapkv", "uniform+snapkv", 40, 8 },       { "knorm", "uniform+knorm", 24, 4 },
+        { "snapkv+ecokv", "uniform+ecokv", 40, 4 },  { "random", "uniform+random", 33, 32 },
+        { "uniform+keydiff", "uniform+keydiff", 60, 16 },
+        { "snapkv", "uniform+snapkv", 96, 8 },       // B = T: everything
+        { "snapkv", "uniform+snapkv", 200, 8 },      // B > T: everything
+    };
+    for (const ok_case & c : cases) {
+        const std::string out = fx.out + "/sel.json";
+        const run_result  r   = fx.run({ "compress", "-i", fx.capture, "-m", c.method, "-b", std::to_string(c.budget),
+                                         "--window", std::to_string(c.window), "-o", out, "-t", "2" });
+        ASSERT_EQ(r.code, 0) << c.method << "\n" << describe(r);
+        EXPECT_TRUE(contains(r.out, out)) << describe(r);
+        check_uniform_selection(json::parse(read_file(out)), c.canonical, c.budget, c.window);
+        EXPECT_EQ(list_dir(fx.out), (std::set<std::string>{ "sel.json" }));
+    }
+    // The scorer's default window (snapkv: 32) and --quiet.
+    const std::string out = fx.out + "/sel.json";
+    const run_result  r   = fx.run({ "compress", "-q", "-i", fx.capture, "-m", "snapkv", "-b", "48", "-o", out });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_TRUE(r.out.empty()) << describe(r);
+    EXPECT_TRUE(r.err.empty()) << describe(r);
+    check_uniform_selection(json::parse(read_file(out)), "uniform+snapkv", 48, 32);
+}
+
+TEST(cli, compress_full_query_methods_and_merged_rows) {
+    cli_fixture       fx;
+    const std::string out = fx.out + "/sel.json", merged = fx.out + "/merged.safetensors";
+    run_result        r = fx.run({ "compress", "-i", fx.capture_full, "-m", "h2o", "-b", "40", "--window", "8", "-o", out });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    check_uniform_selection(json::parse(read_file(out)), "uniform+h2o", 40, 8);
+
+    r = fx.run({ "compress", "-i", fx.capture_full, "-m", "lookm", "-b", "40", "--window", "8", "--merge", "pivot",
+                 "--merged-output", merged, "-o", out });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_EQ(list_dir(fx.out), (std::set<std::string>{ "sel.json", "merged.safetensors" }));
+    const json j = json::parse(read_file(out));
+    EXPECT_EQ(j["method"], "lookm+h2o");
+    const auto m = ecokv::safetensors_file::open(merged);
+    EXPECT_EQ(m.tensors().size(), size_t(2 * k_layers * k_kv_heads));
+    for (int l = 0; l < k_layers; ++l) {
+        for (int g = 0; g < k_kv_heads; ++g) {
+            const std::string p    = "layers." + std::to_string(l) + ".heads." + std::to_string(g) + ".";
+            const int64_t     kept = int64_t(j["layers"][l]["heads"][g].size());
+            ASSERT_NE(m.find(p + "keys"), nullptr) << p;
+            ASSERT_NE(m.find(p + "values"), nullptr) << p;
+            EXPECT_EQ(m.find(p + "keys")->shape, (std::vector<int64_t>{ kept, k_dim }));
+            EXPECT_EQ(m.find(p + "values")->shape, (std::vector<int64_t>{ kept, k_dim }));
+            EXPECT_EQ(m.find(p + "keys")->type, ecokv::dtype::f32);
+        }
+    }
+}
+
+TEST(cli, compress_sparsemm_with_head_scores) {
+    cli_fixture       fx;
+    const std::string out = fx.out + "/sel.json";
+    const run_result  r   = fx.run({ "compress", "-i", fx.capture, "-m", "sparsemm", "-b", "40", "--window", "8",
+                                     "--head-scores", fx.head_scores("hs.json"), "-o", out });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    const json j = json::parse(read_file(out));
+    EXPECT_EQ(j["method"], "sparsemm+snapkv");
+    for (const json & layer : j["layers"]) {
+        for (const json & h : layer["heads"]) {
+            const auto kept = h.get<std::vector<int32_t>>();
+            EXPECT_TRUE(std::is_sorted(kept.begin(), kept.end()));
+            EXPECT_GE(kept.size(), 8u);  // the window at least
+            EXPECT_EQ(kept.back(), k_tokens - 1);
+        }
+    }
+}
+
+struct bad_compress {
+    std::string              name;
+    std::vector<std::string> args;      // besides -o OUTPUT (added unless `no_output`)
+    std::vector<std::string> messages;  // substrings of stderr
+    bool                     no_output = false;
+};
+
+TEST(cli, compress_bad_input_exits_one_and_writes_nothing) {
+    cli_fixture fx;
+    // Inputs prepared once.
+    const std::string missing   = fx.in + "/absent.safetensors";
+    const std::string truncated = fx.in + "/truncated.safetensors";
+    {
+        const std::string bytes = read_file(fx.capture);
+        write_file(truncated, bytes.substr(0, bytes.size() / 2));
+    }
+    const std::string stub = fx.in + "/stub.safetensors";
+    write_file(stub, read_file(fx.capture).substr(0, 20));
+    const std::string text = fx.in + "/notes.txt";
+    write_file(text, "not a capture at all\n");
+    const std::string nan_capture = write_nan_capture(fx.in + "/nan.safetensors");
+    const std::string no_file_hs  = fx.in + "/no-such-scores.json";
+    const std::string partial_hs  = fx.head_scores("partial.json", { "1-3" });
+    const std::string bad_json_hs = fx.in + "/broken.json";
+    write_file(bad_json_hs, "{\"0-0\": [1, 2,");
+    const std::string cap = fx.capture;
+
+    const std::vector<bad_compress> cases = {
+        { "missing input", { "-i", missing, "-m", "snapkv" }, { missing, "cannot open" } },
+        { "truncated capture", { "-i", truncated, "-m", "snapkv" }, { truncated, "truncated" } },
+        { "capture cut in its header", { "-i", stub, "-m", "snapkv" }, { stub, "header length" } },
+        { "text file", { "-i", text, "-m", "snapkv" }, { text } },
+        { "capture is a directory", { "-i", fx.in, "-m", "snapkv" }, { fx.in } },
+        { "NaN in keys", { "-i", nan_capture, "-m", "snapkv", "-b", "40", "--window", "8" }, { "layers.0.keys", "NaN" } },
+        { "NaN in keys, budget covers T", { "-i", nan_capture, "-m", "snapkv", "-b", "200", "--window", "8" },
+          { "layers.0.keys" } },
+        { "unknown method", { "-i", cap, "-m", "bogus" }, { "unknown method 'bogus'", "snapkv", "ecokv", "lookm" } },
+        { "unknown scorer", { "-i", cap, "-m", "uniform+bogus" }, { "bogus", "snapkv" } },
+        { "unknown allocator", { "-i", cap, "-m", "bogus+snapkv" }, { "bogus", "pyramidkv" } },
+        { "budget equals window", { "-i", cap, "-m", "snapkv", "-b", "8", "--window", "8" }, { "--budget 8", "--window 8" } },
+        { "budget below window", { "-i", cap, "-m", "snapkv", "-b", "4", "--window", "8" }, { "--budget 4", "--window 8" } },
+        { "budget below default window", { "-i", cap, "-m", "snapkv", "-b", "16" }, { "--budget 16", "--window 32" } },
+        { "window zero", { "-i", cap, "-m", "snapkv", "--window", "0" }, { "--window 0" } },
+        { "even kernel", { "-i", cap, "-m", "snapkv", "--kernel", "4" }, { "--kernel 4" } },
+        { "bogus pool", { "-i", cap, "-m", "snapkv", "--pool", "bogus" }, { "--pool", "bogus" } },
+        { "bogus merge", { "-i", cap, "-m", "lookm", "--merge", "all" }, { "--merge", "all" } },
+        { "bogus centroid", { "-i", cap, "-m", "ecokv", "--centroid", "mid" }, { "--centroid", "mid" } },
+        { "alpha out of range", { "-i", cap, "-m", "ecokv", "--alpha", "1.5" }, { "--alpha 1.5" } },
+        { "negative floor ratio", { "-i", cap, "-m", "adakv", "--floor-ratio", "-0.1" }, { "--floor-ratio" } },
+        { "budget not a number", { "-i", cap, "-m", "snapkv", "-b", "many" }, { "many" } },
+        { "sparsemm without head scores", { "-i", cap, "-m", "sparsemm", "-b", "40", "--window", "8" },
+          { "--head-scores" } },
+        { "sparsemm missing head-score file",
+          { "-i", cap, "-m", "sparsemm", "-b", "40", "--window", "8", "--head-scores", no_file_hs },
+          { no_file_hs, "cannot open" } },
+        { "head-score file missing an entry",
+          { "-i", cap, "-m", "sparsemm", "-b", "40", "--window", "8", "--head-scores", partial_hs },
+          { partial_hs, "\"1-3\"" } },
+        { "head-score file not JSON",
+          { "-i", cap, "-m", "sparsemm", "-b", "40", "--window", "8", "--head-scores", bad_json_hs },
+          { bad_json_hs, "JSON" } },
+        { "h2o without full queries", { "-i", cap, "-m", "h2o", "-b", "40", "--window", "8" },
+          { "h2o", "--full-queries" } },
+        { "lookm without full queries", { "-i", cap, "-m", "lookm", "-b", "40", "--window", "8" },
+          { "lookm+h2o", "--full-queries" } },
+        { "window beyond the captured queries", { "-i", cap, "-m", "snapkv", "-b", "64", "--window", "48" },
+          { "--window 48", "32" } },
+        { "merged output without merge", { "-i", cap, "-m", "snapkv", "--merged-output", fx.out + "/m.safetensors" },
+          { "--merged-output", "--merge pivot" } },
+        { "missing --output", { "-i", cap, "-m", "snapkv" }, { "missing --output" }, true },
+        { "missing --input", { "-m", "snapkv" }, { "missing --input" } },
+        { "missing --method", { "-i", cap }, { "missing --method" } },
+        { "unknown flag", { "-i", cap, "-m", "snapkv", "--bogus-flag" }, { "bogus-flag" } },
+        { "stray argument", { "-i", cap, "-m", "snapkv", "extra" }, { "unexpected argument 'extra'" } },
+    };
+    const std::string out = fx.out + "/sel.json";
+    for (const bad_compress & c : cases) {
+        SCOPED_TRACE(c.name);
+        std::vector<std::string> args = { "compress", "-t", "2" };
+        args.insert(args.end(), c.args.begin(), c.args.end());
+        if (!c.no_output) {
+            args.push_back("-o");
+            args.push_back(out);
+        }
+        const run_result r = fx.run(args);
+        EXPECT_EQ(r.code, 1) << describe(r);
+        EXPECT_TRUE(contains(r.err, "ecokv compress: error:")) << describe(r);
+        for (const std::string & m : c.messages) {
+            EXPECT_TRUE(contains(r.err, m)) << "stderr lacks \"" << m << "\"\n" << describe(r);
+        }
+        EXPECT_TRUE(r.out.empty()) << describe(r);
+        EXPECT_FALSE(fs::exists(out));
+        EXPECT_TRUE(list_dir(fx.out).empty()) << "left in out/: " << *list_dir(fx.out).begin();
+    }
+    // The inputs are untouched by the failures.
+    EXPECT_NO_THROW((void) ecokv::capture_file::open(cap));
+}
+
+TEST(cli, compress_into_a_missing_directory) {
+    cli_fixture       fx;
+    const std::string out = fx.out + "/no/such/sel.json";
+    const run_result  r   = fx.run({ "compress", "-i", fx.capture, "-m", "snapkv", "-b", "40", "-o", out });
+    EXPECT_EQ(r.code, 1) << describe(r);
+    EXPECT_TRUE(contains(r.err, out)) << describe(r);
+    EXPECT_TRUE(list_dir(fx.out).empty());
+}
+
+TEST(cli, failed_compress_keeps_the_previous_output) {
+    cli_fixture       fx;
+    const std::string out      = fx.out + "/sel.json";
+    const std::string previous = "{\"previous\": true}\n";
+    write_file(out, previous);
+    const std::string nan_capture = write_nan_capture(fx.in + "/nan.safetensors");
+    const std::string truncated   = fx.in + "/truncated.safetensors";
+    write_file(truncated, read_file(fx.capture).substr(0, 1000));
+    const std::string partial_hs = fx.head_scores("partial.json", { "0-2" });
+
+    const std::vector<std::vector<std::string>> failing = {
+        { "-i", nan_capture, "-m", "snapkv", "-b", "40", "--window", "8" },
+        { "-i", truncated, "-m", "snapkv", "-b", "40", "--window", "8" },
+        { "-i", fx.capture, "-m", "bogus" },
+        { "-i", fx.capture, "-m", "snapkv", "-b", "8", "--window", "8" },
+        { "-i", fx.capture, "-m", "sparsemm", "-b", "40", "--window", "8", "--head-scores", partial_hs },
+        { "-i", fx.capture, "-m", "h2o", "-b", "40", "--window", "8" },
+    };
+    for (const auto & extra : failing) {
+        std::vector<std::string> args = { "compress", "-o", out };
+        args.insert(args.end(), extra.begin(), extra.end());
+        const run_result r = fx.run(args);
+        EXPECT_EQ(r.code, 1) << describe(r);
+        EXPECT_EQ(read_file(out), previous);
+        EXPECT_EQ(list_dir(fx.out), (std::set<std::string>{ "sel.json" }));
+    }
+    // A failing synth-capture does not clobber an existing capture either.
+    const std::string cap_copy = fx.out + "/cap.safetensors";
+    fs::copy_file(fx.capture, cap_copy);
+    const std::string cap_bytes = read_file(cap_copy);
+    const run_result  r = fx.run({ "synth-capture", "--heads", "6", "--kv-heads", "4", "-o", cap_copy });
+    EXPECT_EQ(r.code, 1) << describe(r);
+    EXPECT_EQ(read_file(cap_copy), cap_bytes);
+    // A successful run replaces the output with a valid selection.
+    const run_result ok = fx.run({ "compress", "-i", fx.capture, "-m", "snapkv", "-b", "40", "--window", "8", "-o", out });
+    ASSERT_EQ(ok.code, 0) << describe(ok);
+    check_uniform_selection(json::parse(read_file(out)), "uniform+snapkv", 40, 8);
+    EXPECT_EQ(list_dir(fx.out), (std::set<std::string>{ "sel.json", "cap.safetensors" }));
+}
+
+TEST(cli, compress_reads_the_golden_capture) {
+    // tests/data/golden/tiny-f32.safetensors: 3 layers, 2 KV heads, 56 tokens, full queries.
+    temp_dir          dir;
+    const std::string out = dir / "sel.json";
+    const run_result  r   = run_cli(dir.path().string(),
+                                    { "compress", "-i", std::string(ECOKV_TEST_DATA) + "/golden/tiny-f32.safetensors", "-m",
+                                      "snapkv", "-b", "20", "--window", "8", "-o", out, "-q" });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    const json j = json::parse(read_file(out));
+    EXPECT_EQ(j["n_tokens"], 56);
+    // By hand: 3 * 2 * 56 * (8 * 4 + 8 * 4).
+    EXPECT_EQ(j["kv_bytes_full"].get<uint64_t>(), 21504u);
+    EXPECT_EQ(j["kv_bytes_kept"].get<uint64_t>(), 3u * 2 * 20 * 64);
+    ASSERT_EQ(j["layers"].size(), 3u);
+    for (const json & layer : j["layers"]) {
+        ASSERT_EQ(layer["heads"].size(), 2u);
+        for (const json & h : layer["heads"]) {
+            const auto kept = h.get<std::vector<int32_t>>();
+            ASSERT_EQ(kept.size(), 20u);
+            EXPECT_TRUE(std::is_sorted(kept.begin(), kept.end()));
+            EXPECT_EQ(std::vector<int32_t>(kept.end() - 8, kept.end()),
+                      (std::vector<int32_t>{ 48, 49, 50, 51, 52, 53, 54, 55 }));
+        }
+    }
+}
+
+}  // namespace

@@ -40,8 +40,10 @@ struct capture_view {
 
     // Checks the dimensions and every view's shape against them; throws ecokv::error naming the tensor.
     void validate() const;
-    // Throws ecokv::error naming the first tensor that holds a NaN or an infinity.
+    // Throws ecokv::error naming the first tensor that holds a NaN or an infinity: over the whole capture,
+    // or over the slices one (layer, KV head) reads (its keys and values, its group's queries).
     void check_finite() const;
+    void check_finite(int32_t il, int32_t ig) const;
 };
 
 // A capture read from a safetensors file (memory-mapped; views point into the mapping).

@@ -42,19 +42,30 @@ void check_shape(const tensor_view & v, const char * name, int64_t d0, int64_t d
     }
 }
 
-bool all_finite(const tensor_view & v) {
-    std::vector<float> row(size_t(v.ne[0]));
-    for (int64_t i2 = 0; i2 < v.ne[2]; ++i2) {
-        for (int64_t i1 = 0; i1 < v.ne[1]; ++i1) {
-            v.row_f32(i1, i2, row.data());
-            for (float x : row) {
-                if (!std::isfinite(x)) {
-                    return false;
-                }
+const tensor_view & layer_tensor(const layer_capture & lc, int32_t k) {
+    return k == 0 ? lc.keys : k == 1 ? lc.values : k == 2 ? lc.queries : lc.full_queries;
+}
+
+// True when every element of slice i2 is finite: exponent bits not all ones (vectorised bit test).
+bool slice_finite(const tensor_view & v, int64_t i2) {
+    unsigned bad = 0;
+    for (int64_t i1 = 0; i1 < v.ne[1]; ++i1) {
+        const void * row = v.row(i1, i2);
+        if (v.type == dtype::f32) {
+            const auto * x = static_cast<const uint32_t *>(row);
+#pragma omp simd reduction(| : bad)
+            for (int64_t i = 0; i < v.ne[0]; ++i) {
+                bad |= (x[i] & 0x7f800000u) == 0x7f800000u;
+            }
+        } else if (v.type == dtype::f16) {
+            const auto * x = static_cast<const uint16_t *>(row);
+#pragma omp simd reduction(| : bad)
+            for (int64_t i = 0; i < v.ne[0]; ++i) {
+                bad |= (x[i] & 0x7c00u) == 0x7c00u;
             }
         }
     }
-    return true;
+    return bad == 0;
 }
 
 }  // namespace
@@ -98,17 +109,25 @@ void capture_view::validate() const {
     }
 }
 
+void capture_view::check_finite(int32_t il, int32_t ig) const {
+    static const char * const names[] = { "keys", "values", "queries", "full_queries" };
+    const int32_t             group   = n_heads / n_kv_heads;
+    for (int32_t k = 0; k < 4; ++k) {
+        const tensor_view & v     = layer_tensor(layers[il], k);
+        const bool          by_kv = k < 2;  // keys and values: one slice; queries: the group's heads
+        for (int64_t i2 = by_kv ? ig : int64_t(ig) * group; !v.empty() && i2 < (by_kv ? ig + 1 : (ig + 1) * group);
+             ++i2) {
+            if (!slice_finite(v, i2)) {
+                ECOKV_THROW("tensor layers.%d.%s holds NaN or infinite values", il, names[k]);
+            }
+        }
+    }
+}
+
 void capture_view::check_finite() const {
     for (int32_t il = 0; il < n_layers; ++il) {
-        const layer_capture & lc = layers[il];
-        const std::pair<const tensor_view *, const char *> views[] = {
-            { &lc.keys, "keys" }, { &lc.values, "values" }, { &lc.queries, "queries" },
-            { &lc.full_queries, "full_queries" }
-        };
-        for (const auto & [v, name] : views) {
-            if (!v->empty() && !all_finite(*v)) {
-                ECOKV_THROW("tensor layers.%d.%s holds NaN or infinite values", il, name);
-            }
+        for (int32_t ig = 0; ig < n_kv_heads; ++ig) {
+            check_finite(il, ig);
         }
     }
 }

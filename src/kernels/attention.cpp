@@ -1,4 +1,8 @@
-// Window and accumulated attention: the O(T * D * G * N) hot loop of every attention-based method.
+// Window and accumulated attention: the O(T * D * rows) hot loop of every attention-based method.
+//
+// Layout: query rows are transposed into tiles of k_lanes rows (qt[i][lane]), so the vector lanes run over
+// query rows. Each key is broadcast from its own contiguous row (no key transpose, F16 converted per row),
+// and softmax runs with the lanes over rows too. Only the final per-key sum over rows is horizontal.
 #include "fast-exp.h"
 #include "impl.h"
 #include "kernels.h"
@@ -6,161 +10,172 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace ecokv::kernels {
 
 namespace {
 
-constexpr int32_t k_keys = 16;  // keys per block: the vector lanes of the micro-kernel
-constexpr int32_t k_rows = 4;   // query rows per micro-kernel: accumulators kept in registers
+constexpr int32_t k_lanes = 32;  // query rows per tile
+constexpr int32_t k_keys  = 8;   // keys per micro-kernel step: 8 x 32 accumulators (AVX-512: 16 of 32 registers)
 
-// Block of keys [t0, t0 + k_keys) transposed to kt[i][j] = k[t0 + j][i], zero beyond n_keys.
-void load_block(const tensor_view & keys, int32_t ig, int32_t t0, int32_t n_keys, int32_t d, float * row,
-                float * kt) {
-    for (int32_t j = 0; j < k_keys; ++j) {
-        if (t0 + j < n_keys) {
-            keys.row_f32(t0 + j, ig, row);
-        } else {
-            std::fill(row, row + d, 0.0f);
-        }
+struct row_tiles {
+    int32_t            n_rows = 0;
+    int32_t            n_tiles = 0;
+    std::vector<float> qt;     // [n_tiles][D][k_lanes]  queries scaled by 1/sqrt(D), zero-padded rows
+    std::vector<int32_t> last; // [n_tiles * k_lanes]     last key each row may see (causal); -1 for padding
+};
+
+// logits[tile][t][lane] = q[row] . k[t] for keys t in [0, n_keys).
+template <int32_t K>
+void dot_step(const float * const * k, const row_tiles & rows, int32_t d, int32_t t0, int32_t n_keys, float * logits) {
+    for (int32_t tile = 0; tile < rows.n_tiles; ++tile) {
+        const float * qt = rows.qt.data() + size_t(tile) * d * k_lanes;
+        float         acc[K][k_lanes] = {};
         for (int32_t i = 0; i < d; ++i) {
-            kt[size_t(i) * k_keys + j] = row[i];
-        }
-    }
-}
-
-// out[r][j] = q[r] . kt[:, j] for R rows: the lanes run over keys, so no horizontal sums are needed.
-template <int32_t R> void micro_kernel(const float * q, int32_t d, const float * kt, float * out, size_t out_stride) {
-    float acc[R][k_keys] = {};
-    for (int32_t i = 0; i < d; ++i) {
-        const float * k = kt + size_t(i) * k_keys;
-        for (int32_t r = 0; r < R; ++r) {
-            const float qv = q[size_t(r) * d + i];
+            const float * q = qt + size_t(i) * k_lanes;
+            for (int32_t kk = 0; kk < K; ++kk) {
+                const float kv = k[kk][i];
 #pragma omp simd
-            for (int32_t j = 0; j < k_keys; ++j) {
-                acc[r][j] += qv * k[j];
+                for (int32_t l = 0; l < k_lanes; ++l) {
+                    acc[kk][l] += kv * q[l];
+                }
             }
         }
-    }
-    for (int32_t r = 0; r < R; ++r) {
-        std::copy(acc[r], acc[r] + k_keys, out + r * out_stride);
-    }
-}
-
-// logits[r][t] = q[r] . k[t] for rows r of `q` ([n_rows][D], already scaled) and keys t in [0, n_keys).
-// `logits` rows have a stride of n_keys rounded up to k_keys.
-void dot_rows(const tensor_view & keys, int32_t ig, int32_t n_keys, const std::vector<float> & q, int32_t n_rows,
-              int32_t d, std::vector<float> & logits, size_t stride) {
-    std::vector<float> row(static_cast<size_t>(d)), kt(size_t(d) * k_keys);
-    for (int32_t t0 = 0; t0 < n_keys; t0 += k_keys) {
-        load_block(keys, ig, t0, n_keys, d, row.data(), kt.data());
-        int32_t r = 0;
-        for (; r + k_rows <= n_rows; r += k_rows) {
-            micro_kernel<k_rows>(q.data() + size_t(r) * d, d, kt.data(), logits.data() + r * stride + t0, stride);
-        }
-        for (; r < n_rows; ++r) {
-            micro_kernel<1>(q.data() + size_t(r) * d, d, kt.data(), logits.data() + r * stride + t0, stride);
+        for (int32_t kk = 0; kk < K; ++kk) {
+            std::copy(acc[kk], acc[kk] + k_lanes, logits + (size_t(tile) * n_keys + t0 + kk) * k_lanes);
         }
     }
 }
 
-size_t padded(int32_t n) { return (size_t(n) + k_keys - 1) / k_keys * k_keys; }
+void dot_keys(const tensor_view & keys, int32_t ig, int32_t n_keys, const row_tiles & rows, int32_t d,
+              std::vector<float> & logits) {
+    std::vector<float> buf(size_t(k_keys) * d);
+    const float *      k[k_keys];
+    int32_t            t = 0;
+    for (; t + k_keys <= n_keys; t += k_keys) {
+        for (int32_t kk = 0; kk < k_keys; ++kk) {
+            keys.row_f32(t + kk, ig, buf.data() + size_t(kk) * d);
+            k[kk] = buf.data() + size_t(kk) * d;
+        }
+        dot_step<k_keys>(k, rows, d, t, n_keys, logits.data());
+    }
+    for (; t < n_keys; ++t) {
+        keys.row_f32(t, ig, buf.data());
+        k[0] = buf.data();
+        dot_step<1>(k, rows, d, t, n_keys, logits.data());
+    }
+}
 
-// In place: row[0..n) <- softmax(row[0..n)); returns nothing, the row sums to one.
-void softmax(float * row, int32_t n) {
-    float mx = row[0];
-    for (int32_t j = 1; j < n; ++j) {
-        mx = std::max(mx, row[j]);
-    }
-    double sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int32_t j = 0; j < n; ++j) {
-        const float e = fast_exp(row[j] - mx);
-        row[j]        = e;
-        sum += e;
-    }
-    const float inv = float(1.0 / sum);
+// acc[t] += sum over rows of softmax_t(logits of the row, causal) for t < acc.size().
+void softmax_accumulate(const row_tiles & rows, int32_t n_keys, std::vector<float> & logits, std::vector<double> & acc) {
+    const int32_t n_out = int32_t(acc.size());
+    for (int32_t tile = 0; tile < rows.n_tiles; ++tile) {
+        float *         lg   = logits.data() + size_t(tile) * n_keys * k_lanes;
+        const int32_t * last = rows.last.data() + size_t(tile) * k_lanes;
+        int32_t         min_last = n_keys;  // keys every real row of the tile sees need no mask
+        for (int32_t l = 0; l < k_lanes; ++l) {
+            if (last[l] >= 0) {
+                min_last = std::min(min_last, last[l]);
+            }
+        }
+        float mx[k_lanes], sum[k_lanes], inv[k_lanes];
+        std::fill(mx, mx + k_lanes, -std::numeric_limits<float>::infinity());
+        std::fill(sum, sum + k_lanes, 0.0f);
+        for (int32_t t = 0; t < n_keys; ++t) {
+            const float * x = lg + size_t(t) * k_lanes;
 #pragma omp simd
-    for (int32_t j = 0; j < n; ++j) {
-        row[j] *= inv;
+            for (int32_t l = 0; l < k_lanes; ++l) {
+                mx[l] = t <= last[l] ? std::max(mx[l], x[l]) : mx[l];
+            }
+        }
+        for (int32_t t = 0; t < n_keys; ++t) {
+            float * x = lg + size_t(t) * k_lanes;
+            if (t <= min_last) {
+#pragma omp simd
+                for (int32_t l = 0; l < k_lanes; ++l) {
+                    x[l] = fast_exp(x[l] - mx[l]);
+                    sum[l] += x[l];
+                }
+            } else {
+#pragma omp simd
+                for (int32_t l = 0; l < k_lanes; ++l) {
+                    x[l] = t <= last[l] ? fast_exp(x[l] - mx[l]) : 0.0f;
+                    sum[l] += x[l];
+                }
+            }
+        }
+        for (int32_t l = 0; l < k_lanes; ++l) {
+            inv[l] = last[l] >= 0 ? 1.0f / sum[l] : 0.0f;
+        }
+        for (int32_t t = 0; t < std::min(n_out, n_keys); ++t) {
+            const float * x = lg + size_t(t) * k_lanes;
+            float         s = 0;
+#pragma omp simd reduction(+ : s)
+            for (int32_t l = 0; l < k_lanes; ++l) {
+                s += x[l] * inv[l];
+            }
+            acc[t] += s;
+        }
     }
 }
 
-// Queries rows [first, first + n) of every head of group ig, scaled by 1/sqrt(D): [G * n][D].
-std::vector<float> group_queries(const capture_view & cap, const tensor_view & q, int32_t ig, int32_t first,
-                                 int32_t n) {
-    const int32_t      g = cap.n_heads / cap.n_kv_heads;
-    const int32_t      d = cap.head_dim;
+// Rows (head h of group ig, captured query `first + i`) for i in [0, n), as tiles; row r's last visible key
+// is position_of_first + i.
+row_tiles make_tiles(const capture_view & cap, const tensor_view & q, int32_t ig, int32_t first, int32_t n,
+                     int32_t position_of_first) {
+    const int32_t g = cap.n_heads / cap.n_kv_heads, d = cap.head_dim;
+    row_tiles     rows;
+    rows.n_rows  = g * n;
+    rows.n_tiles = (rows.n_rows + k_lanes - 1) / k_lanes;
+    rows.qt.assign(size_t(rows.n_tiles) * d * k_lanes, 0.0f);
+    rows.last.assign(size_t(rows.n_tiles) * k_lanes, -1);
     const float        scale = float(1.0 / std::sqrt(double(d)));
-    std::vector<float> out(size_t(g) * n * d);
+    std::vector<float> row(static_cast<size_t>(d));
     for (int32_t h = 0; h < g; ++h) {
         for (int32_t i = 0; i < n; ++i) {
-            float * dst = out.data() + (size_t(h) * n + i) * d;
-            q.row_f32(first + i, int64_t(ig) * g + h, dst);
+            const int32_t r = h * n + i, tile = r / k_lanes, lane = r % k_lanes;
+            q.row_f32(first + i, int64_t(ig) * g + h, row.data());
             for (int32_t x = 0; x < d; ++x) {
-                dst[x] *= scale;
+                rows.qt[(size_t(tile) * d + x) * k_lanes + lane] = row[x] * scale;
             }
+            rows.last[r] = position_of_first + i;
         }
     }
-    return out;
+    return rows;
+}
+
+// acc[t] += causal attention of the given rows on key t.
+void accumulate(const capture_view & cap, int32_t il, int32_t ig, const row_tiles & rows, int32_t n_keys,
+                std::vector<double> & acc) {
+    std::vector<float> logits(size_t(rows.n_tiles) * n_keys * k_lanes);
+    dot_keys(cap.layers[il].keys, ig, n_keys, rows, cap.head_dim, logits);
+    softmax_accumulate(rows, n_keys, logits, acc);
 }
 
 }  // namespace
 
 void window_attention(const capture_view & cap, int32_t il, int32_t ig, int32_t n_window, std::span<float> out) {
-    const int32_t t_all    = cap.n_tokens;
-    const int32_t n_prefix = t_all - n_window;
-    const int32_t g        = cap.n_heads / cap.n_kv_heads;
+    const int32_t n_prefix = cap.n_tokens - n_window;
     ECOKV_ASSERT(n_window >= 1 && n_window <= cap.n_queries && int32_t(out.size()) == n_prefix);
-
-    const layer_capture & lc     = cap.layers[il];
-    const int32_t         n_rows = g * n_window;
-    std::vector<float>    q      = group_queries(cap, lc.queries, ig, cap.n_queries - n_window, n_window);
-    const size_t          stride = padded(t_all);
-    std::vector<float>    logits(size_t(n_rows) * stride);
-    dot_rows(lc.keys, ig, t_all, q, n_rows, cap.head_dim, logits, stride);
-
-    std::vector<float> acc(size_t(n_prefix), 0.0f);
-    for (int32_t r = 0; r < n_rows; ++r) {
-        const int32_t i   = r % n_window;           // window query i sits at token n_prefix + i
-        float *       row = logits.data() + size_t(r) * stride;
-        softmax(row, n_prefix + i + 1);            // causal: keys j <= n_prefix + i
-#pragma omp simd
-        for (int32_t j = 0; j < n_prefix; ++j) {
-            acc[j] += row[j];
-        }
-    }
-    const float inv = 1.0f / float(n_rows);  // mean over window queries, then over the group's heads
-    for (int32_t j = 0; j < n_prefix; ++j) {
-        out[j] = acc[j] * inv;
+    const row_tiles rows = make_tiles(cap, cap.layers[il].queries, ig, cap.n_queries - n_window, n_window, n_prefix);
+    std::vector<double> acc(static_cast<size_t>(n_prefix), 0.0);
+    accumulate(cap, il, ig, rows, cap.n_tokens, acc);
+    for (int32_t j = 0; j < n_prefix; ++j) {  // mean over window queries, then over the group's heads
+        out[j] = float(acc[j] / rows.n_rows);
     }
 }
 
 void accumulated_attention(const capture_view & cap, int32_t il, int32_t ig, std::span<float> out) {
     ECOKV_ASSERT(cap.has_full_queries() && int32_t(out.size()) <= cap.n_tokens);
-    const int32_t         t_all = cap.n_tokens;
-    const int32_t         g     = cap.n_heads / cap.n_kv_heads;
-    const layer_capture & lc    = cap.layers[il];
-    std::vector<double>   acc(out.size(), 0.0);
-    // One query chunk at a time keeps the logits buffer at chunk x T.
-    constexpr int32_t chunk = 64;
-    for (int32_t first = 0; first < t_all; first += chunk) {
-        const int32_t      n      = std::min(chunk, t_all - first);
-        std::vector<float> q      = group_queries(cap, lc.full_queries, ig, first, n);
-        const int32_t      n_keys = first + n;  // later keys are masked for every query of the chunk
-        const size_t       stride = padded(n_keys);
-        std::vector<float> logits(size_t(g) * n * stride);
-        dot_rows(lc.keys, ig, n_keys, q, g * n, cap.head_dim, logits, stride);
-        for (int32_t r = 0; r < g * n; ++r) {
-            const int32_t i   = first + r % n;
-            float *       row = logits.data() + size_t(r) * stride;
-            softmax(row, i + 1);
-            const int32_t m = std::min<int32_t>(i + 1, int32_t(out.size()));
-            for (int32_t j = 0; j < m; ++j) {
-                acc[j] += row[j];
-            }
-        }
+    const int32_t       g = cap.n_heads / cap.n_kv_heads;
+    std::vector<double> acc(out.size(), 0.0);
+    constexpr int32_t   chunk = 64;  // query positions per pass: logits stay at chunk x G x T
+    for (int32_t first = 0; first < cap.n_tokens; first += chunk) {
+        const int32_t n = std::min(chunk, cap.n_tokens - first);
+        // Keys after the chunk's last query are masked for all its rows.
+        accumulate(cap, il, ig, make_tiles(cap, cap.layers[il].full_queries, ig, first, n, first), first + n, acc);
     }
     for (size_t j = 0; j < out.size(); ++j) {
         out[j] = float(acc[j] / g);

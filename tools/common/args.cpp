@@ -81,6 +81,12 @@ void require(const cxxopts::ParseResult & args, std::initializer_list<const char
     }
 }
 
+void reject_positional(const cxxopts::ParseResult & args) {
+    if (!args.unmatched().empty()) {
+        throw error("unexpected argument '" + args.unmatched().front() + "'");
+    }
+}
+
 int run_command(const char * name, const std::function<int()> & body) {
     try {
         return body();

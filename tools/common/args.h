@@ -20,6 +20,9 @@ method_params method_params_from(const cxxopts::ParseResult & args);
 // Throws ecokv::error("missing --NAME") when a required flag is absent.
 void require(const cxxopts::ParseResult & args, std::initializer_list<const char *> names);
 
+// Throws ecokv::error naming the first stray argument (cxxopts ignores positional arguments silently).
+void reject_positional(const cxxopts::ParseResult & args);
+
 // Runs a subcommand body: ecokv::error and flag errors print "ecokv NAME: error: ..." and return 1.
 int run_command(const char * name, const std::function<int()> & body);
 

@@ -36,6 +36,7 @@ int ecokv_compress(int argc, char ** argv) {
         // clang-format on
         ecokv::tools::add_method_options(options);
         const auto args = options.parse(argc, argv);
+        ecokv::tools::reject_positional(args);
         if (args.count("help")) {
             std::printf("%s\n", options.help({ "", "method" }).c_str());
             return 0;
@@ -56,12 +57,19 @@ int ecokv_compress(int argc, char ** argv) {
         const auto               t0  = std::chrono::steady_clock::now();
         const ecokv::capture_file cap = ecokv::capture_file::open(args["input"].as<std::string>());
         const auto               t1  = std::chrono::steady_clock::now();
-        const ecokv::selection   sel = ecokv::compress(cap.view(), spec, params, { args["threads"].as<int32_t>() });
+        const std::string        input = args["input"].as<std::string>();
+        const ecokv::selection   sel   = [&] {
+            try {
+                return ecokv::compress(cap.view(), spec, params, { args["threads"].as<int32_t>() });
+            } catch (const ecokv::error & e) {  // name the capture in data errors (NaN, window too large)
+                throw ecokv::error(input + ": " + e.what());
+            }
+        }();
         const auto               t2  = std::chrono::steady_clock::now();
-        ecokv::write_selection_json(args["output"].as<std::string>(), sel);
-        if (args.count("merged-output")) {
+        if (args.count("merged-output")) {  // first: it may refuse the selection, and then nothing is written
             ecokv::write_merged_rows(args["merged-output"].as<std::string>(), sel);
         }
+        ecokv::write_selection_json(args["output"].as<std::string>(), sel);
         if (!args.count("quiet")) {
             const auto & v  = cap.view();
             auto         ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };

@@ -47,6 +47,7 @@ int ecokv_synth_capture(int argc, char ** argv) {
             ("h,help", "show this help");
         // clang-format on
         const auto args = options.parse(argc, argv);
+        ecokv::tools::reject_positional(args);
         if (args.count("help")) {
             std::printf("%s\n", options.help().c_str());
             return 0;
@@ -58,6 +59,9 @@ int ecokv_synth_capture(int argc, char ** argv) {
         p.n_kv_heads   = args["kv-heads"].as<int32_t>();
         p.head_dim     = args["head-dim"].as<int32_t>();
         p.head_dim_v   = args["head-dim-v"].as<int32_t>();
+        if (p.head_dim_v < 0) {  // make_synth_capture reads any value <= 0 as "same as --head-dim"
+            throw ecokv::error("--head-dim-v " + std::to_string(p.head_dim_v) + " must be positive (0: --head-dim)");
+        }
         p.n_tokens     = args["tokens"].as<int32_t>();
         p.n_queries    = args["queries"].as<int32_t>();
         p.full_queries = args.count("full-queries") > 0;
