@@ -4,6 +4,7 @@
 
 int ecokv_compress(int argc, char ** argv);
 int ecokv_synth_capture(int argc, char ** argv);
+int ecokv_metric(int argc, char ** argv);
 
 namespace {
 
@@ -16,6 +17,7 @@ struct command {
 const command k_commands[] = {
     { "compress",      "select the kept KV entries of a capture with any method", ecokv_compress },
     { "synth-capture", "write a realistic random capture (demos, tests, benchmarks)", ecokv_synth_capture },
+    { "metric",        "score predictions with a benchmark's official metric", ecokv_metric },
 };
 
 void usage(FILE * out) {

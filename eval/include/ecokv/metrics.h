@@ -1,0 +1,2 @@
+// ecokv eval: benchmark metrics (placeholder, being written).
+#pragma once

@@ -1,0 +1,1 @@
+int placeholder_metric_unit = 0;
