@@ -11,6 +11,8 @@
 #include <fstream>
 #include <numeric>
 
+#include <unistd.h>
+
 namespace {
 
 using ecokv::capture_view;
@@ -254,7 +256,8 @@ TEST(adakv, counts_and_half_even_rounding_by_hand) {
 }
 
 TEST(sparsemm, budgets_from_a_small_head_score_file) {
-    const auto path = std::filesystem::temp_directory_path() / "ecokv-test-head-scores.json";
+    const auto path = std::filesystem::temp_directory_path() /
+                      ("ecokv-test-head-scores-" + std::to_string(::getpid()) + ".json");
     std::ofstream(path) << R"({"0-0": [1, 3], "0-1": [2], "0-2": [0], "0-3": [4],
                               "1-0": [1], "1-1": [1], "1-2": [1], "1-3": [4], "9-9": [100]})";
     ecokv::method_params p;

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <set>
 
+#include <unistd.h>
+
 namespace {
 
 constexpr int32_t k_layers = 3, k_heads = 4, k_kv_heads = 2, k_tokens = 120;
@@ -25,9 +27,17 @@ const ecokv::owned_capture & capture() {
     return cap;
 }
 
+// A file that is removed when the process exits.
+struct temp_file {
+    std::string path;
+    ~temp_file() { std::filesystem::remove(path); }
+};
+
 std::string head_score_file() {
-    static const std::string path = [] {
-        const auto    p = std::filesystem::temp_directory_path() / "ecokv-test-methods-head-scores.json";
+    static const temp_file file{ [] {
+        // One file per process: ctest runs the cases of this binary as parallel processes.
+        const auto p = std::filesystem::temp_directory_path() /
+                       ("ecokv-test-methods-head-scores-" + std::to_string(::getpid()) + ".json");
         std::ofstream out(p);
         out << "{";
         for (int32_t l = 0; l < k_layers; ++l) {
@@ -38,13 +48,15 @@ std::string head_score_file() {
         }
         out << "}";
         return p.string();
-    }();
-    return path;
+    }() };
+    return file.path;
 }
 
 struct combo {
     std::string allocator, scorer;
 };
+
+void PrintTo(const combo & c, std::ostream * os) { *os << c.allocator << "+" << c.scorer; }
 
 std::vector<combo> all_combos() {
     std::vector<combo> out;
