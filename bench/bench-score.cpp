@@ -2,6 +2,7 @@
 // one pass that only reads that layer's K and V. Counter `x_read` is the method's time over the read pass's.
 //   build/bin/bench-score [--benchmark_filter=ecokv] [--benchmark_format=json]
 #include "ecokv/ecokv.h"
+#include "kernels/kernels.h"
 #include "kernels/parallel.h"
 
 #include <benchmark/benchmark.h>
@@ -100,6 +101,22 @@ void bm_method(benchmark::State & state, const char * method) {
     set_counters(state, v, total / double(state.iterations()));
 }
 
+// Window attention alone (the FMA-bound part of every attention-based method): the compute floor.
+void bm_attention(benchmark::State & state, int32_t n_window) {
+    const auto &       v = layer(int32_t(state.range(0)), dtype_arg(state.range(1))).view();
+    std::vector<std::vector<float>> a0(size_t(v.n_kv_heads), std::vector<float>(size_t(v.n_tokens - n_window)));
+    double             total = 0;
+    for (auto _ : state) {
+        const auto t0 = std::chrono::steady_clock::now();
+        ecokv::kernels::parallel_for(v.n_kv_heads, threads(),
+                                     [&](int64_t ig) { ecokv::kernels::window_attention(v, 0, int32_t(ig), n_window, a0[ig]); });
+        total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const double seconds = total / double(state.iterations());
+    set_counters(state, v, seconds);
+    state.counters["GMACs"] = double(v.n_heads) * n_window * v.n_tokens * v.head_dim / seconds / 1e9;
+}
+
 void geometry(benchmark::internal::Benchmark * b) {
     for (int64_t type : { 16, 32 }) {
         for (int64_t t : { 2048, 8192, 32768 }) {
@@ -110,6 +127,8 @@ void geometry(benchmark::internal::Benchmark * b) {
 }
 
 BENCHMARK(bm_read)->Apply(geometry);
+BENCHMARK_CAPTURE(bm_attention, window4, 4)->Apply(geometry);
+BENCHMARK_CAPTURE(bm_attention, window32, 32)->Apply(geometry);
 BENCHMARK_CAPTURE(bm_method, snapkv, "snapkv")->Apply(geometry);
 BENCHMARK_CAPTURE(bm_method, mixkv, "mixkv")->Apply(geometry);
 BENCHMARK_CAPTURE(bm_method, ecokv, "ecokv")->Apply(geometry);

@@ -41,6 +41,17 @@ struct tensor_view {
 
     // Converts row (i1, i2) to ne[0] floats at `out`.
     void row_f32(int64_t i1, int64_t i2, float * out) const;
+
+    // Row (i1, i2) as floats without a copy when the data is aligned F32; otherwise converted into
+    // `scratch` (ne[0] floats), which is returned.
+    const float * row_f32_view(int64_t i1, int64_t i2, float * scratch) const {
+        const void * p = row(i1, i2);
+        if (type == dtype::f32 && reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
+            return static_cast<const float *>(p);
+        }
+        row_f32(i1, i2, scratch);
+        return scratch;
+    }
 };
 
 }  // namespace ecokv

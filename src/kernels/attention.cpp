@@ -56,14 +56,12 @@ void dot_keys(const tensor_view & keys, int32_t ig, int32_t n_keys, const row_ti
     int32_t            t = 0;
     for (; t + k_keys <= n_keys; t += k_keys) {
         for (int32_t kk = 0; kk < k_keys; ++kk) {
-            keys.row_f32(t + kk, ig, buf.data() + size_t(kk) * d);
-            k[kk] = buf.data() + size_t(kk) * d;
+            k[kk] = keys.row_f32_view(t + kk, ig, buf.data() + size_t(kk) * d);
         }
         dot_step<k_keys>(k, rows, d, t, n_keys, logits.data());
     }
     for (; t < n_keys; ++t) {
-        keys.row_f32(t, ig, buf.data());
-        k[0] = buf.data();
+        k[0] = keys.row_f32_view(t, ig, buf.data());
         dot_step<1>(k, rows, d, t, n_keys, logits.data());
     }
 }

@@ -9,7 +9,8 @@ namespace ecokv::kernels {
 
 inline float fast_exp(float x) {
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float n  = __builtin_roundevenf(x * 1.44269504088896341f);
+    // Round to nearest even by the 1.5 * 2^23 shifter: unlike roundevenf it vectorises everywhere.
+    const float n  = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float       r  = x - n * 0.693145751953125f;  // ln2 split into a high part exact in float ...
     r              = r - n * 1.42860682030941723212e-6f;  // ... and the low remainder
     float p        = 1.0f / 720;

@@ -49,8 +49,7 @@ std::vector<double> row_norms(const tensor_view & rows, int32_t ig, int32_t n_ro
     std::vector<double> out(static_cast<size_t>(n_rows));
     std::vector<float>  row(static_cast<size_t>(rows.ne[0]));
     for (int32_t t = 0; t < n_rows; ++t) {
-        rows.row_f32(t, ig, row.data());
-        out[t] = std::sqrt(double(sum_squares(row.data(), int32_t(row.size()))));
+        out[t] = std::sqrt(double(sum_squares(rows.row_f32_view(t, ig, row.data()), int32_t(row.size()))));
     }
     return out;
 }
@@ -64,14 +63,14 @@ key_geometry compute_key_geometry(const tensor_view & keys, int32_t ig, int32_t 
     std::vector<float>  row(static_cast<size_t>(d)), mu_blk(static_cast<size_t>(d)), kbar_blk(static_cast<size_t>(d));
     std::vector<double> norm(static_cast<size_t>(n_rows)), mu(static_cast<size_t>(d)), kbar(static_cast<size_t>(d));
     for (int32_t t = 0; t < n_rows; ++t) {
-        keys.row_f32(t, ig, row.data());
-        norm[t] = std::sqrt(double(sum_squares(row.data(), d)));
+        const float * k = keys.row_f32_view(t, ig, row.data());
+        norm[t]         = std::sqrt(double(sum_squares(k, d)));
         if (t < n_centroid) {
             const float inv = float(1.0 / std::max(norm[t], 1e-12));
 #pragma omp simd
             for (int32_t i = 0; i < d; ++i) {
-                mu_blk[i] += row[i] * inv;
-                kbar_blk[i] += row[i];
+                mu_blk[i] += k[i] * inv;
+                kbar_blk[i] += k[i];
             }
         }
         if ((t + 1) % k_block == 0 || t + 1 == n_rows) {
@@ -95,12 +94,12 @@ key_geometry compute_key_geometry(const tensor_view & keys, int32_t ig, int32_t 
     g.dist.resize(static_cast<size_t>(n_prefix));
     double sum_dist = 0;
     for (int32_t t = 0; t < n_rows; ++t) {
-        keys.row_f32(t, ig, row.data());
-        float dot = 0, dist2 = 0;
+        const float * k   = keys.row_f32_view(t, ig, row.data());
+        float         dot = 0, dist2 = 0;
 #pragma omp simd reduction(+ : dot, dist2)
         for (int32_t i = 0; i < d; ++i) {
-            dot += row[i] * mu_f[i];
-            const float diff = row[i] - kbar_f[i];
+            dot += k[i] * mu_f[i];
+            const float diff = k[i] - kbar_f[i];
             dist2 += diff * diff;
         }
         const double dist = std::sqrt(double(dist2));
