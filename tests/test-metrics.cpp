@@ -1,1 +1,3 @@
 #include <gtest/gtest.h>
+#include "ecokv/metrics.h"
+TEST(x, y) {}

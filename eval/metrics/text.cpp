@@ -90,7 +90,7 @@ char32_t py_lower(char32_t c) {
         (c >= 0x410 && c <= 0x42F) || (c >= 0xFF21 && c <= 0xFF3A)) {
         return c + 32;
     }
-    if ((c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177) || (c >= 0x460 && c <= 0x481) ||
+    if ((c >= 0x100 && c <= 0x137 && c != 0x130) || (c >= 0x14A && c <= 0x177) || (c >= 0x460 && c <= 0x481) ||
         (c >= 0x48A && c <= 0x4BF)) {
         return c | 1;  // upper case at even code points, lower case right after
     }
@@ -101,6 +101,7 @@ char32_t py_lower(char32_t c) {
         return c + 80;
     }
     switch (c) {
+        case 0x130: return 'i';  // Python gives 'i' + U+0307; the combining dot is dropped
         case 0x178: return 0xFF;
         case 0x386: return 0x3AC;
         case 0x388: case 0x389: case 0x38A: return c + 37;

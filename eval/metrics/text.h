@@ -2,8 +2,8 @@
 //
 // The evaluators are Python 3 scripts, so their strip(), split(), lower() and len() work on code points with
 // Unicode whitespace. These helpers do the same, with one simplification: lower() maps ASCII, Latin-1,
-// Latin Extended-A, Greek, Cyrillic and fullwidth Latin letters one to one (no final sigma, no dotted capital I
-// expansion); other characters are left as they are.
+// Latin Extended-A, Greek, Cyrillic and fullwidth Latin letters one to one (no final sigma; U+0130 gives a plain
+// 'i', without Python's combining dot); other characters are left as they are.
 #pragma once
 
 #include <string>

@@ -1,0 +1,123 @@
+// Query capture through llama.cpp's eval callback (notes: llamacpp-0.5.0.md §3.2).
+#include "ecokv/error.h"
+#include "ecokv/llama-adapter.h"
+
+#include <ggml-backend.h>
+#include <ggml.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+namespace ecokv::llama {
+
+struct query_capture::impl {
+    int32_t n_layers = 0, n_heads = 0, head_dim = 0;
+    int32_t n_queries = 32;
+    bool    full      = false;
+    bool    active    = true;
+    // Per layer: rows [token][head][head_dim]; the window keeps the last n_queries tokens.
+    std::vector<std::vector<float>> window, all;
+    std::vector<int32_t>            seen;  // tokens recorded per layer
+
+    static bool callback(ggml_tensor * t, bool ask, void * user_data);
+    void        record(const ggml_tensor * t, int32_t il);
+};
+
+namespace {
+
+// "Qcur-12" -> 12 for the post-RoPE query node, else -1.
+int32_t query_layer(const ggml_tensor * t) {
+    if (t->op != GGML_OP_ROPE || std::strncmp(t->name, "Qcur-", 5) != 0) {
+        return -1;
+    }
+    char *     end = nullptr;
+    const long il  = std::strtol(t->name + 5, &end, 10);
+    return end != t->name + 5 && *end == '\0' ? int32_t(il) : -1;
+}
+
+}  // namespace
+
+bool query_capture::impl::callback(ggml_tensor * t, bool ask, void * user_data) {
+    auto *        self = static_cast<impl *>(user_data);
+    const int32_t il   = query_layer(t);
+    if (ask) {
+        return self->active && il >= 0 && il < self->n_layers;
+    }
+    if (self->active && il >= 0 && il < self->n_layers) {
+        self->record(t, il);
+    }
+    return true;  // never cancel the graph
+}
+
+void query_capture::impl::record(const ggml_tensor * t, int32_t il) {
+    if (head_dim == 0) {  // head_dim is not always n_embd / n_head: take it from the graph
+        head_dim = int32_t(t->ne[0]);
+    }
+    if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t) || t->ne[0] != head_dim || t->ne[1] != n_heads) {
+        return;  // not the layout we know; leaves the capture short, which prefill_state reports
+    }
+    const int64_t n_tok = t->ne[2];
+    const size_t  row   = size_t(n_heads) * head_dim;
+    std::vector<float> buf(row * n_tok);
+    ggml_backend_tensor_get(t, buf.data(), 0, buf.size() * sizeof(float));
+    if (full) {
+        all[il].insert(all[il].end(), buf.begin(), buf.end());
+    }
+    auto & w = window[il];
+    w.insert(w.end(), buf.begin(), buf.end());
+    if (w.size() > row * n_queries) {
+        w.erase(w.begin(), w.end() - std::ptrdiff_t(row * n_queries));
+    }
+    seen[il] += int32_t(n_tok);
+}
+
+query_capture::query_capture(const llama_model * model, int32_t n_queries, bool full_queries) :
+    impl_(std::make_unique<impl>()) {
+    impl_->n_layers  = llama_model_n_layer(model);
+    impl_->n_heads   = llama_model_n_head(model);
+    impl_->n_queries = n_queries;
+    impl_->full      = full_queries;
+    impl_->window.resize(size_t(impl_->n_layers));
+    impl_->all.resize(size_t(impl_->n_layers));
+    impl_->seen.assign(size_t(impl_->n_layers), 0);
+}
+
+query_capture::~query_capture() = default;
+
+void query_capture::attach(llama_context_params & params) {
+    params.cb_eval           = &impl::callback;
+    params.cb_eval_user_data = impl_.get();
+}
+
+void query_capture::set_active(bool active) { impl_->active = active; }
+
+int32_t query_capture::n_tokens() const { return impl_->seen.empty() ? 0 : impl_->seen[0]; }
+
+tensor_view query_capture::queries(int32_t il) const {
+    const auto &  w    = impl_->window.at(size_t(il));
+    const size_t  row  = size_t(impl_->n_heads) * impl_->head_dim;
+    tensor_view   v;
+    v.data = w.data();
+    v.type = dtype::f32;
+    v.ne   = { impl_->head_dim, int64_t(w.size() / row), impl_->n_heads, 1 };
+    v.nb   = { sizeof(float), row * sizeof(float), size_t(impl_->head_dim) * sizeof(float), 0 };
+    return v;
+}
+
+tensor_view query_capture::full_queries(int32_t il) const {
+    if (!impl_->full) {
+        return {};
+    }
+    const auto & a   = impl_->all.at(size_t(il));
+    const size_t row = size_t(impl_->n_heads) * impl_->head_dim;
+    tensor_view  v;
+    v.data = a.data();
+    v.type = dtype::f32;
+    v.ne   = { impl_->head_dim, int64_t(a.size() / row), impl_->n_heads, 1 };
+    v.nb   = { sizeof(float), row * sizeof(float), size_t(impl_->head_dim) * sizeof(float), 0 };
+    return v;
+}
+
+}  // namespace ecokv::llama

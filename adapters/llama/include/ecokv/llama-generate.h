@@ -1,0 +1,42 @@
+// ecokv-llama: the small amount of text generation the tools and tests need (greedy, teacher forcing, KL).
+#pragma once
+
+#include <llama.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ecokv::llama {
+
+// Tokens of `text`; add_special adds BOS when the vocabulary wants it; special tokens in the text are parsed.
+std::vector<llama_token> tokenize(const llama_model * model, const std::string & text, bool add_special);
+std::string              detokenize(const llama_model * model, const std::vector<llama_token> & tokens);
+
+// The model's chat template applied to one user message (with the assistant prefix), or `user` unchanged
+// when the model has no template.
+std::string chat_prompt(const llama_model * model, const std::string & user);
+
+// Decodes `tokens` into sequence 0 at positions pos0, pos0 + 1, ... in batches of the context's n_batch;
+// returns the logits after the last token. Throws ecokv::error when llama_decode fails.
+std::vector<float> decode(llama_context * ctx, const std::vector<llama_token> & tokens, llama_pos pos0);
+
+struct generation {
+    std::vector<llama_token>        tokens;
+    std::vector<std::vector<float>> logits;   // the distribution each token was picked from (keep_logits)
+    double                          seconds = 0;  // time spent decoding
+};
+
+// Greedy decoding from `first_logits` (the logits before position pos): up to n tokens, stopping after an
+// end-of-generation token.
+generation greedy(llama_context * ctx, std::vector<float> first_logits, llama_pos pos, int32_t n, bool keep_logits);
+
+// Teacher forcing: decodes tokens[0 .. n-2] one by one from pos and returns the logits after each.
+std::vector<std::vector<float>> force(llama_context * ctx, const std::vector<llama_token> & tokens, llama_pos pos);
+
+// KL(softmax(p) || softmax(q)) in nats.
+double kl_divergence(const std::vector<float> & p_logits, const std::vector<float> & q_logits);
+
+llama_token argmax(const std::vector<float> & logits);
+
+}  // namespace ecokv::llama

@@ -1,0 +1,524 @@
+// Validates tests/llama/tiny-model.{h,cpp}: the plain-C++ reference forward pass reproduces llama.cpp's logits and KV
+// cache for random-weight llama and qwen2vl models, and its keep mask really changes the result.
+#include "tiny-model.h"
+
+#include "ggml.h"
+#include "llama.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace t = ecokv::test;
+
+namespace {
+
+// ---- tolerances ------------------------------------------------------------------------------------------------
+// llama.cpp keeps K and V in F16 (and CPU flash attention also rounds Q to F16), i.e. a relative rounding of
+// <= 2^-11 = 4.9e-4 per element; the rest of the graph is F32 against our double. Through 2 layers, the output norm
+// and the head this gives logit differences of a few 1e-4 on logits of size ~3 (measured: see README). The bound
+// below is ~4x the worst observed case and ~100x below the effect of a wrong RoPE pairing, wrong positions or a mask.
+constexpr double k_logit_rel_tol = 2e-3;  // max |llama - ref| / max |ref|
+// Layer-0 K/V are one F16 rounding of a value computed in F32: |diff| <= 2^-11 |x| + F32 noise.
+constexpr double k_kv0_rel = 1.0 / 1024, k_kv0_abs = 1e-4;
+// Deeper layers also inherit the F16 rounding of earlier layers' attention.
+constexpr double k_kv_rel = 4e-3, k_kv_abs = 2e-3;
+
+void quiet_log(ggml_log_level level, const char * text, void *) {
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        std::fputs(text, stderr);
+    }
+}
+
+struct quiet_env : ::testing::Environment {
+    void SetUp() override { llama_log_set(quiet_log, nullptr); }
+};
+
+[[maybe_unused]] ::testing::Environment * const g_env = ::testing::AddGlobalTestEnvironment(new quiet_env);
+
+struct ctx_deleter {
+    void operator()(llama_context * c) const { llama_free(c); }
+};
+
+using ctx_ptr = std::unique_ptr<llama_context, ctx_deleter>;
+
+ctx_ptr make_ctx(const t::tiny_model & m, llama_flash_attn_type fa = LLAMA_FLASH_ATTN_TYPE_AUTO) {
+    llama_context_params p = llama_context_default_params();  // n_ctx 512, F16 K/V cache
+    p.n_threads            = 4;
+    p.n_threads_batch      = 4;
+    p.flash_attn_type      = fa;
+    ctx_ptr c(llama_init_from_model(m.get(), p));
+    if (!c) {
+        throw std::runtime_error("llama_init_from_model failed");
+    }
+    return c;
+}
+
+std::vector<float> last_logits(llama_context * ctx, const t::tiny_model & m) {
+    const float * l = llama_get_logits_ith(ctx, -1);
+    if (!l) {
+        throw std::runtime_error("no logits");
+    }
+    return std::vector<float>(l, l + m.config().n_vocab);
+}
+
+std::vector<int32_t> prompt_tokens(int32_t n, int32_t n_vocab, int32_t salt = 0) {
+    std::vector<int32_t> tok(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) {
+        tok[size_t(i)] = int32_t((7 * i * i + 3 * i + 11 + 13 * salt) % n_vocab);
+    }
+    return tok;
+}
+
+struct diff_stats {
+    double max_abs = 0, ref_max = 0;
+
+    double rel() const { return max_abs / std::max(ref_max, 1e-30); }
+};
+
+diff_stats compare(const std::vector<float> & got, const std::vector<float> & ref) {
+    EXPECT_EQ(got.size(), ref.size());
+    diff_stats s;
+    for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i) {
+        s.max_abs = std::max(s.max_abs, std::fabs(double(got[i]) - double(ref[i])));
+        s.ref_max = std::max(s.ref_max, std::fabs(double(ref[i])));
+    }
+    return s;
+}
+
+size_t argmax(const std::vector<float> & v) {
+    return size_t(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// ---- state blob (llama_state_seq_get_data) ---------------------------------------------------------------------
+// u32 magic, i32 seq_id, u32 n_stream, u32 cell_count, cells {i32 pos, u32 n_seq, [ext i32 x, y, tok], i32 seq...},
+// u32 v_trans, u32 n_layer, per layer {i32 k_type, u64 row_bytes, rows}, then V as rows or (v_trans) per layer
+// {i32 type, u32 el_bytes, u32 n_embd_v, n_embd_v x cell_count elements}. See adapters/llama/state-blob.h.
+struct blob_view {
+    int32_t                             n_cells = 0;
+    bool                                v_trans = false;
+    std::vector<int32_t>                pos;
+    std::vector<std::array<int32_t, 3>> ext;  // x, y, tok
+    std::vector<std::vector<float>>     k, v;  // [layer][cell * n_embd_gqa + e]
+};
+
+struct reader {
+    const std::vector<uint8_t> & b;
+    size_t                       off = 0;
+
+    template <typename T> T get() {
+        if (off + sizeof(T) > b.size()) {
+            throw std::runtime_error("blob truncated");
+        }
+        T v;
+        std::memcpy(&v, b.data() + off, sizeof(T));
+        off += sizeof(T);
+        return v;
+    }
+
+    float f16() { return ggml_fp16_to_fp32(get<ggml_fp16_t>()); }
+};
+
+blob_view parse_blob(const std::vector<uint8_t> & bytes, bool has_ext, int32_t n_embd_gqa) {
+    reader    r{ bytes };
+    blob_view out;
+    if (r.get<uint32_t>() != 0xaf143cd8u) {
+        throw std::runtime_error("bad magic");
+    }
+    r.get<int32_t>();  // seq_id
+    if (r.get<uint32_t>() != 1) {
+        throw std::runtime_error("expected one stream");
+    }
+    out.n_cells = int32_t(r.get<uint32_t>());
+    for (int32_t i = 0; i < out.n_cells; ++i) {
+        out.pos.push_back(r.get<int32_t>());
+        const uint32_t n_seq = r.get<uint32_t>();
+        std::array<int32_t, 3> e{ 0, 0, -1 };
+        if (has_ext) {
+            e[0] = r.get<int32_t>();
+            e[1] = r.get<int32_t>();
+            e[2] = r.get<int32_t>();
+        }
+        out.ext.push_back(e);
+        for (uint32_t s = 0; s < n_seq; ++s) {
+            r.get<int32_t>();
+        }
+    }
+    out.v_trans             = r.get<uint32_t>() != 0;
+    const uint32_t n_layer  = r.get<uint32_t>();
+    const size_t   n_values = size_t(out.n_cells) * size_t(n_embd_gqa);
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        if (r.get<int32_t>() != GGML_TYPE_F16 || r.get<uint64_t>() != uint64_t(n_embd_gqa) * 2) {
+            throw std::runtime_error("unexpected K type/row size");
+        }
+        std::vector<float> k(n_values);
+        for (float & x : k) {
+            x = r.f16();
+        }
+        out.k.push_back(std::move(k));
+    }
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        if (r.get<int32_t>() != GGML_TYPE_F16) {
+            throw std::runtime_error("unexpected V type");
+        }
+        std::vector<float> v(n_values);
+        if (!out.v_trans) {
+            if (r.get<uint64_t>() != uint64_t(n_embd_gqa) * 2) {
+                throw std::runtime_error("unexpected V row size");
+            }
+            for (float & x : v) {
+                x = r.f16();
+            }
+        } else {
+            if (r.get<uint32_t>() != 2 || r.get<uint32_t>() != uint32_t(n_embd_gqa)) {
+                throw std::runtime_error("unexpected transposed V header");
+            }
+            for (int32_t e = 0; e < n_embd_gqa; ++e) {
+                for (int32_t c = 0; c < out.n_cells; ++c) {
+                    v[size_t(c) * size_t(n_embd_gqa) + size_t(e)] = r.f16();
+                }
+            }
+        }
+        out.v.push_back(std::move(v));
+    }
+    if (r.off != bytes.size()) {
+        throw std::runtime_error("trailing bytes in blob");
+    }
+    return out;
+}
+
+std::vector<uint8_t> get_blob(llama_context * ctx) {
+    std::vector<uint8_t> b(llama_state_seq_get_size(ctx, 0));
+    const size_t         n = llama_state_seq_get_data(ctx, b.data(), b.size(), 0);
+    b.resize(n);
+    return b;
+}
+
+t::tiny_config config_for(const std::string & arch) {
+    t::tiny_config c;
+    c.arch = arch;
+    return c;
+}
+
+// Prompt of 20 text tokens.
+struct prompt {
+    std::vector<int32_t>     tokens;
+    std::vector<t::position> positions;
+    std::vector<bool>        image;  // fed as embeddings (ext.tok = -1 in the cache)
+};
+
+prompt text_prompt(const t::tiny_model & m, int32_t n = 20) {
+    return { prompt_tokens(n, m.config().n_vocab), t::text_positions(n), std::vector<bool>(size_t(n), false) };
+}
+
+// 5 text tokens, a 4x3 "image" at t = 5 (12 tokens sharing t, y/x raster), then 5 text tokens from t = 5 + 4.
+prompt image_prompt(const t::tiny_model & m) {
+    prompt p;
+    p.tokens    = prompt_tokens(22, m.config().n_vocab, 1);
+    p.positions = t::text_positions(5, 0);
+    const auto img = t::image_positions(5, 4, 3);
+    p.positions.insert(p.positions.end(), img.begin(), img.end());
+    const auto tail = t::text_positions(5, 9);
+    p.positions.insert(p.positions.end(), tail.begin(), tail.end());
+    p.image.assign(22, false);
+    std::fill(p.image.begin() + 5, p.image.begin() + 17, true);
+    return p;
+}
+
+class TinyModel : public ::testing::TestWithParam<std::string> {};
+
+// ---- the model itself ------------------------------------------------------------------------------------------
+
+TEST_P(TinyModel, OptionalTensorsAreNeutral) {
+    const t::tiny_model m = t::make_tiny_model(config_for(GetParam()));
+    ASSERT_NE(m.get(), nullptr);
+    std::string optional;
+    for (const auto & [name, tt] : m.tensors()) {
+        const bool scale = name.ends_with(".scale") || name.ends_with(".input_scale") || name.starts_with("rope_freqs");
+        const bool qkv_bias = name.ends_with("attn_q.bias") || name.ends_with("attn_k.bias") ||
+                              name.ends_with("attn_v.bias");
+        const bool bias = name.ends_with(".bias") && !(qkv_bias && m.mrope());
+        if (scale || bias) {
+            optional += " " + name;
+            const float want = scale ? 1.0f : 0.0f;
+            for (float x : tt.data) {
+                ASSERT_EQ(x, want) << name;
+            }
+        }
+    }
+    std::printf("[%s] %zu tensors; neutral optional ones:%s\n", GetParam().c_str(), m.tensors().size(),
+                optional.c_str());
+    EXPECT_TRUE(m.find("output.weight"));
+    if (m.mrope()) {
+        EXPECT_TRUE(m.find("blk.0.attn_k.bias"));
+    }
+}
+
+TEST_P(TinyModel, DeterministicAndMovable) {
+    t::tiny_config c = config_for(GetParam());
+    t::tiny_model  a = t::make_tiny_model(c);
+    t::tiny_model  b = t::make_tiny_model(c);
+    EXPECT_EQ(a.tensor("blk.1.attn_q.weight").data, b.tensor("blk.1.attn_q.weight").data);
+    c.seed           = 2;
+    t::tiny_model d  = t::make_tiny_model(c);
+    EXPECT_NE(a.tensor("blk.1.attn_q.weight").data, d.tensor("blk.1.attn_q.weight").data);
+
+    llama_model * raw = a.get();
+    t::tiny_model moved(std::move(a));
+    EXPECT_EQ(moved.get(), raw);
+    EXPECT_EQ(a.get(), nullptr);  // NOLINT(bugprone-use-after-move): checking the moved-from state
+    b = std::move(moved);
+    EXPECT_EQ(b.get(), raw);
+}
+
+// ---- reference vs llama.cpp -------------------------------------------------------------------------------------
+
+void expect_logits_match(const t::tiny_model & m, const prompt & p, const char * what) {
+    ctx_ptr ctx = make_ctx(m);
+    ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions), 0);
+    const std::vector<float> got = last_logits(ctx.get(), m);
+    const std::vector<float> ref = t::reference_logits(m, p.tokens, p.positions);
+    const diff_stats         s   = compare(got, ref);
+    std::printf("[%s %s] logits: max abs diff %.3g, max |ref| %.3g, rel %.3g\n", m.config().arch.c_str(), what,
+                s.max_abs, s.ref_max, s.rel());
+    EXPECT_LT(s.rel(), k_logit_rel_tol);
+    EXPECT_EQ(argmax(got), argmax(ref));
+}
+
+TEST_P(TinyModel, LogitsMatchReferenceText) {
+    const t::tiny_model m = t::make_tiny_model(config_for(GetParam()));
+    expect_logits_match(m, text_prompt(m), "text");
+}
+
+TEST_P(TinyModel, LogitsMatchReferenceWithoutFlashAttention) {
+    const t::tiny_model m   = t::make_tiny_model(config_for(GetParam()));
+    const prompt        p   = text_prompt(m);
+    ctx_ptr             ctx = make_ctx(m, LLAMA_FLASH_ATTN_TYPE_DISABLED);
+    ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions), 0);
+    const diff_stats s = compare(last_logits(ctx.get(), m), t::reference_logits(m, p.tokens, p.positions));
+    std::printf("[%s no-FA] logits: max abs diff %.3g, rel %.3g\n", GetParam().c_str(), s.max_abs, s.rel());
+    EXPECT_LT(s.rel(), k_logit_rel_tol);
+}
+
+// One more token decoded on top of the prompt (the single-query decode kernels) matches a 21-token reference.
+TEST_P(TinyModel, NextTokenMatchesReference) {
+    const t::tiny_model m   = t::make_tiny_model(config_for(GetParam()));
+    prompt              p   = text_prompt(m, 21);
+    ctx_ptr             ctx = make_ctx(m);
+    const std::vector<int32_t>     head_tok(p.tokens.begin(), p.tokens.end() - 1);
+    const std::vector<t::position> head_pos(p.positions.begin(), p.positions.end() - 1);
+    ASSERT_EQ(t::decode_prompt(ctx.get(), m, head_tok, head_pos), 0);
+    ASSERT_EQ(t::decode_prompt(ctx.get(), m, { p.tokens.back() }, { p.positions.back() }), 0);
+    const diff_stats s = compare(last_logits(ctx.get(), m), t::reference_logits(m, p.tokens, p.positions));
+    std::printf("[%s decode] logits: max abs diff %.3g, rel %.3g\n", GetParam().c_str(), s.max_abs, s.rel());
+    EXPECT_LT(s.rel(), k_logit_rel_tol);
+}
+
+// The comparison is sensitive: wrong positions give logits far outside the tolerance.
+TEST_P(TinyModel, WrongPositionsAreDetected) {
+    const t::tiny_model m   = t::make_tiny_model(config_for(GetParam()));
+    const prompt        p   = text_prompt(m);
+    ctx_ptr             ctx = make_ctx(m);
+    ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions), 0);
+    std::vector<t::position> doubled = p.positions;
+    for (auto & q : doubled) {
+        q = { 2 * q[0], 2 * q[1], 2 * q[2] };
+    }
+    const diff_stats s = compare(last_logits(ctx.get(), m), t::reference_logits(m, p.tokens, doubled));
+    std::printf("[%s] positions x2: rel diff %.3g\n", GetParam().c_str(), s.rel());
+    EXPECT_GT(s.rel(), 20 * k_logit_rel_tol);
+
+    // RoPE is relative: shifting every position by a constant changes nothing (up to rounding).
+    std::vector<t::position> shifted = p.positions;
+    for (auto & q : shifted) {
+        q = { q[0] + 7, q[1] + 7, q[2] + 7 };
+    }
+    EXPECT_LT(compare(t::reference_logits(m, p.tokens, shifted), t::reference_logits(m, p.tokens, p.positions)).rel(),
+              1e-9);
+}
+
+TEST_P(TinyModel, MaskChangesReferenceLogits) {
+    const t::tiny_model      m    = t::make_tiny_model(config_for(GetParam()));
+    const prompt             p    = text_prompt(m);
+    const std::vector<float> full = t::reference_logits(m, p.tokens, p.positions);
+
+    // keep = always true is the same as no mask, exactly
+    const t::keep_fn all = [](int32_t, int32_t, int32_t, int32_t) { return true; };
+    EXPECT_EQ(t::reference_logits(m, p.tokens, p.positions, all), full);
+
+    // hide keys 3..9 from KV head 1 of layer 0 only
+    const t::keep_fn some = [](int32_t l, int32_t g, int32_t, int32_t j) { return !(l == 0 && g == 1 && j >= 3 && j < 10); };
+    const diff_stats s1 = compare(t::reference_logits(m, p.tokens, p.positions, some), full);
+    // a single key hidden from the last query only, in the last layer
+    const int32_t    last = int32_t(p.tokens.size()) - 1;
+    const t::keep_fn one  = [&](int32_t l, int32_t g, int32_t i, int32_t j) {
+        return !(l == m.config().n_layer - 1 && g == 0 && i == last && j == last - 1);
+    };
+    const diff_stats s2 = compare(t::reference_logits(m, p.tokens, p.positions, one), full);
+    std::printf("[%s] mask effect: rel %.3g (layer 0 head 1 keys 3..9), %.3g (one key)\n", GetParam().c_str(),
+                s1.rel(), s2.rel());
+    EXPECT_GT(s1.rel(), 10 * k_logit_rel_tol);
+    EXPECT_GT(s2.rel(), 2 * k_logit_rel_tol);
+
+    // a mask changes deeper layers' K/V but never layer 0's
+    const auto kv_full = t::reference_kv(m, p.tokens, p.positions);
+    const auto kv_some = t::reference_kv(m, p.tokens, p.positions, some);
+    EXPECT_EQ(kv_full[0].k, kv_some[0].k);
+    EXPECT_EQ(kv_full[0].v, kv_some[0].v);
+    EXPECT_NE(kv_full[1].k, kv_some[1].k);
+}
+
+// ---- KV cache vs reference K (after RoPE) and V ----------------------------------------------------------------
+
+struct kv_mismatch {
+    double max_k = 0, max_v = 0;
+    int    bad   = 0;  // elements outside the F16 tolerance of the layer
+};
+
+kv_mismatch compare_kv(const t::tiny_model & m, const blob_view & b, const std::vector<t::reference_layer_kv> & ref,
+                       int32_t il) {
+    const t::tiny_config & c   = m.config();
+    const int32_t          d   = c.head_dim(), n_gqa = c.n_head_kv * d, n = b.n_cells;
+    const double           rel = il == 0 ? k_kv0_rel : k_kv_rel, abs = il == 0 ? k_kv0_abs : k_kv_abs;
+    kv_mismatch            r;
+    for (int32_t g = 0; g < c.n_head_kv; ++g) {
+        for (int32_t j = 0; j < n; ++j) {
+            for (int32_t e = 0; e < d; ++e) {
+                const size_t ri = (size_t(g) * size_t(n) + size_t(j)) * size_t(d) + size_t(e);
+                const size_t bi = size_t(j) * size_t(n_gqa) + size_t(g * d + e);
+                const double rk = ref[size_t(il)].k[ri], rv = ref[size_t(il)].v[ri];
+                const double dk = std::fabs(b.k[size_t(il)][bi] - rk), dv = std::fabs(b.v[size_t(il)][bi] - rv);
+                r.max_k = std::max(r.max_k, dk);
+                r.max_v = std::max(r.max_v, dv);
+                r.bad += dk > rel * std::fabs(rk) + abs;
+                r.bad += dv > rel * std::fabs(rv) + abs;
+            }
+        }
+    }
+    return r;
+}
+
+blob_view decode_and_read(const t::tiny_model & m, const prompt & p, llama_flash_attn_type fa) {
+    ctx_ptr ctx = make_ctx(m, fa);
+    if (t::decode_prompt(ctx.get(), m, p.tokens, p.positions) != 0) {
+        throw std::runtime_error("decode failed");
+    }
+    return parse_blob(get_blob(ctx.get()), m.mrope(), m.config().n_head_kv * m.config().head_dim());
+}
+
+void expect_cache_matches(const t::tiny_model & m, const prompt & p, llama_flash_attn_type fa) {
+    const t::tiny_config & c = m.config();
+    const int32_t          n = int32_t(p.tokens.size());
+    const blob_view        b = decode_and_read(m, p, fa);
+    ASSERT_EQ(b.n_cells, n);
+    ASSERT_EQ(int32_t(b.k.size()), c.n_layer);
+    for (int32_t j = 0; j < n; ++j) {
+        EXPECT_EQ(b.pos[size_t(j)], p.positions[size_t(j)][0]) << "cell " << j;
+        if (m.mrope()) {
+            const bool text = !p.image[size_t(j)];
+            EXPECT_EQ(b.ext[size_t(j)][0], p.positions[size_t(j)][2]) << "cell " << j;  // x
+            EXPECT_EQ(b.ext[size_t(j)][1], p.positions[size_t(j)][1]) << "cell " << j;  // y
+            EXPECT_EQ(b.ext[size_t(j)][2], text ? p.tokens[size_t(j)] : -1) << "cell " << j;
+        }
+    }
+
+    const auto ref = t::reference_kv(m, p.tokens, p.positions);
+    for (int32_t il = 0; il < c.n_layer; ++il) {
+        const kv_mismatch r = compare_kv(m, b, ref, il);
+        std::printf("[%s v_trans=%d] layer %d cache vs reference: K max abs %.3g, V max abs %.3g\n", c.arch.c_str(),
+                    int(b.v_trans), il, r.max_k, r.max_v);
+        EXPECT_EQ(r.bad, 0) << "layer " << il;
+    }
+}
+
+TEST_P(TinyModel, CacheMatchesReferenceKV) {
+    const t::tiny_model m = t::make_tiny_model(config_for(GetParam()));
+    expect_cache_matches(m, text_prompt(m), LLAMA_FLASH_ATTN_TYPE_AUTO);
+    expect_cache_matches(m, text_prompt(m), LLAMA_FLASH_ATTN_TYPE_DISABLED);  // transposed V in the blob
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, TinyModel, ::testing::Values("llama", "qwen2vl"),
+                         [](const auto & info) { return info.param; });
+
+// ---- qwen2vl with an image-like block ----------------------------------------------------------------------------
+
+TEST(TinyModelQwen2vl, ImageBlockMatchesReference) {
+    const t::tiny_model m = t::make_tiny_model(config_for("qwen2vl"));
+    const prompt        p = image_prompt(m);
+    expect_logits_match(m, p, "image");
+
+    // the y/x planes matter: treating the image tokens as plain (t, t, t) gives clearly different logits
+    std::vector<t::position> flat = p.positions;
+    for (auto & q : flat) {
+        q = { q[0], q[0], q[0] };
+    }
+    const diff_stats s = compare(t::reference_logits(m, p.tokens, flat), t::reference_logits(m, p.tokens, p.positions));
+    std::printf("[qwen2vl image] y/x ignored: rel diff %.3g\n", s.rel());
+    EXPECT_GT(s.rel(), 10 * k_logit_rel_tol);
+}
+
+TEST(TinyModelQwen2vl, ImageBlockCacheMatchesReferenceKV) {
+    const t::tiny_model m = t::make_tiny_model(config_for("qwen2vl"));
+    const prompt        p = image_prompt(m);
+    expect_cache_matches(m, p, LLAMA_FLASH_ATTN_TYPE_AUTO);
+
+    // Layer-0 K pins the plane mapping down: ignoring y/x, or swapping them, misses the cache at image cells.
+    const blob_view          b    = decode_and_read(m, p, LLAMA_FLASH_ATTN_TYPE_AUTO);
+    std::vector<t::position> flat = p.positions, swapped = p.positions;
+    for (size_t i = 0; i < p.positions.size(); ++i) {
+        flat[i]    = { p.positions[i][0], p.positions[i][0], p.positions[i][0] };
+        swapped[i] = { p.positions[i][0], p.positions[i][2], p.positions[i][1] };
+    }
+    const int bad_flat    = compare_kv(m, b, t::reference_kv(m, p.tokens, flat), 0).bad;
+    const int bad_swapped = compare_kv(m, b, t::reference_kv(m, p.tokens, swapped), 0).bad;
+    std::printf("[qwen2vl image] layer-0 K/V elements off with y/x ignored: %d, with y/x swapped: %d\n", bad_flat,
+                bad_swapped);
+    EXPECT_GT(bad_flat, 50);
+    EXPECT_GT(bad_swapped, 50);
+}
+
+// Other seeds and shapes (MHA, MQA, wider heads with other sections, 3 layers) also match.
+TEST(TinyModelShapes, OtherSeedsAndShapesMatchReference) {
+    std::vector<t::tiny_config> cfgs;
+    for (const char * arch : { "llama", "qwen2vl" }) {
+        t::tiny_config c = config_for(arch);
+        c.seed           = 7;
+        cfgs.push_back(c);
+        c.n_layer = 3, c.n_embd = 128, c.n_head = 4, c.n_head_kv = 4, c.n_ff = 96, c.n_vocab = 200;
+        c.rope_sections = { 4, 6, 6, 0 };  // head_dim 32
+        cfgs.push_back(c);
+        c.n_head_kv = 1, c.rope_freq_base = 1e6f, c.seed = 11;
+        c.rope_sections = { 6, 5, 5, 0 };
+        cfgs.push_back(c);
+    }
+    for (const t::tiny_config & c : cfgs) {
+        const t::tiny_model m = t::make_tiny_model(c);
+        const prompt        p = m.mrope() ? image_prompt(m) : text_prompt(m, 24);
+        SCOPED_TRACE(c.arch + " n_embd " + std::to_string(c.n_embd) + " n_head_kv " + std::to_string(c.n_head_kv));
+        expect_logits_match(m, p, "shape");
+        const blob_view b = decode_and_read(m, p, LLAMA_FLASH_ATTN_TYPE_AUTO);
+        EXPECT_EQ(compare_kv(m, b, t::reference_kv(m, p.tokens, p.positions), 0).bad, 0);
+    }
+}
+
+TEST(TinyModelConfig, RejectsBadConfigs) {
+    t::tiny_config c;
+    c.arch = "gpt2";
+    EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+    c       = {};
+    c.n_head_kv = 3;
+    EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+    c                  = {};
+    c.arch             = "qwen2vl";
+    c.rope_sections[3] = 1;
+    EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+}
+
+}  // namespace

@@ -1,0 +1,604 @@
+#include "tiny-model.h"
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "gguf.h"
+#include "llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+
+namespace ecokv::test {
+
+namespace {
+
+// ---- deterministic, platform-independent random numbers ------------------------------------------------------
+
+uint64_t fnv1a(const std::string & s) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : s) {
+        h ^= c;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+struct splitmix64 {
+    uint64_t state;
+
+    uint64_t next() {
+        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+        z          = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z          = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+
+    double uniform() { return double((next() >> 11) + 1) * 0x1.0p-53; }  // (0, 1]
+
+    double normal() {  // Box-Muller, one value per call
+        const double u1 = uniform(), u2 = uniform();
+        return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    }
+};
+
+bool ends_with(const std::string & s, const std::string & suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool starts_with(const std::string & s, const std::string & prefix) {
+    return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// "blk.3.attn_q.weight" -> "attn_q.weight"; other names unchanged.
+std::string layer_suffix(const std::string & name) {
+    if (!starts_with(name, "blk.")) {
+        return name;
+    }
+    const size_t dot = name.find('.', 4);
+    return dot == std::string::npos ? name : name.substr(dot + 1);
+}
+
+// ---- model construction --------------------------------------------------------------------------------------
+
+struct builder {
+    tiny_config                          cfg;
+    std::map<std::string, tiny_tensor> * out = nullptr;
+    std::vector<std::string>             unknown;
+    std::vector<std::string>             bad_type;
+};
+
+enum class init_kind { normal, norm, one, zero, unknown };
+
+struct init_rule {
+    init_kind kind  = init_kind::unknown;
+    double    stdev = 0.0;
+};
+
+init_rule rule_for(const builder & b, const std::string & name, const std::array<int64_t, 4> & ne) {
+    const std::string s       = layer_suffix(name);
+    const double      fan_in  = double(ne[0]);
+    const bool        qwen2vl = b.cfg.arch == "qwen2vl";
+
+    if (ends_with(s, ".scale") || ends_with(s, ".input_scale") || starts_with(s, "rope_freqs") ||
+        starts_with(s, "rope_factors")) {
+        return { init_kind::one };
+    }
+    if (s == "token_embd.weight") {
+        return { init_kind::normal, 1.0 };
+    }
+    if (s == "output.weight") {
+        return { init_kind::normal, 1.0 / std::sqrt(fan_in) };
+    }
+    if (s == "output_norm.weight" || s == "attn_norm.weight" || s == "ffn_norm.weight") {
+        return { init_kind::norm, 0.1 };
+    }
+    if (s == "attn_q.weight" || s == "attn_k.weight") {
+        return { init_kind::normal, 1.3 / std::sqrt(fan_in) };
+    }
+    if (s == "attn_v.weight" || s == "attn_output.weight" || s == "ffn_gate.weight" || s == "ffn_up.weight" ||
+        s == "ffn_down.weight") {
+        return { init_kind::normal, 1.0 / std::sqrt(fan_in) };
+    }
+    if (s == "attn_q.bias" || s == "attn_k.bias" || s == "attn_v.bias") {
+        return qwen2vl ? init_rule{ init_kind::normal, 0.2 } : init_rule{ init_kind::zero };
+    }
+    if (ends_with(s, ".bias")) {
+        return { init_kind::zero };
+    }
+    return { init_kind::unknown };
+}
+
+void set_tensor_data(ggml_tensor * t, void * ud) {
+    builder &         b    = *static_cast<builder *>(ud);
+    const std::string name = ggml_get_name(t);
+
+    tiny_tensor tt;
+    for (int i = 0; i < 4; ++i) {
+        tt.ne[i] = t->ne[i];
+    }
+    const int64_t n = ggml_nelements(t);
+    tt.data.assign(size_t(n), 0.0f);
+
+    const init_rule r = rule_for(b, name, tt.ne);
+    if (r.kind == init_kind::unknown) {
+        b.unknown.push_back(name);  // left at 0; make_tiny_model throws after loading
+    }
+    splitmix64 rng{ b.cfg.seed ^ fnv1a(name) };
+    for (int64_t i = 0; i < n; ++i) {
+        switch (r.kind) {
+            case init_kind::normal:
+                tt.data[size_t(i)] = float(r.stdev * rng.normal());
+                break;
+            case init_kind::norm:
+                tt.data[size_t(i)] = float(1.0 + r.stdev * rng.normal());
+                break;
+            case init_kind::one:
+                tt.data[size_t(i)] = 1.0f;
+                break;
+            case init_kind::zero:
+            case init_kind::unknown:
+                break;
+        }
+    }
+
+    if (t->type == GGML_TYPE_F32) {
+        ggml_backend_tensor_set(t, tt.data.data(), 0, ggml_nbytes(t));
+    } else if (t->type == GGML_TYPE_F16) {
+        std::vector<ggml_fp16_t> h(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+            h[size_t(i)]  = ggml_fp32_to_fp16(tt.data[size_t(i)]);
+            tt.data[size_t(i)] = ggml_fp16_to_fp32(h[size_t(i)]);
+        }
+        ggml_backend_tensor_set(t, h.data(), 0, ggml_nbytes(t));
+    } else {
+        b.bad_type.push_back(name);
+    }
+    (*b.out)[name] = std::move(tt);
+}
+
+struct gguf_deleter {
+    void operator()(gguf_context * c) const { gguf_free(c); }
+};
+
+std::unique_ptr<gguf_context, gguf_deleter> make_metadata(const tiny_config & c) {
+    std::unique_ptr<gguf_context, gguf_deleter> g(gguf_init_empty());
+    const std::string                           a = c.arch;
+    auto                                        k = [&](const char * key) {
+        return a + "." + key;
+    };
+
+    gguf_set_val_str(g.get(), "general.architecture", a.c_str());
+    gguf_set_val_str(g.get(), "general.name", ("ecokv-tiny-" + a).c_str());
+    gguf_set_val_u32(g.get(), k("vocab_size").c_str(), uint32_t(c.n_vocab));
+    gguf_set_val_u32(g.get(), k("context_length").c_str(), uint32_t(c.n_ctx_train));
+    gguf_set_val_u32(g.get(), k("embedding_length").c_str(), uint32_t(c.n_embd));
+    gguf_set_val_u32(g.get(), k("block_count").c_str(), uint32_t(c.n_layer));
+    gguf_set_val_u32(g.get(), k("feed_forward_length").c_str(), uint32_t(c.n_ff));
+    gguf_set_val_u32(g.get(), k("attention.head_count").c_str(), uint32_t(c.n_head));
+    gguf_set_val_u32(g.get(), k("attention.head_count_kv").c_str(), uint32_t(c.n_head_kv));
+    gguf_set_val_f32(g.get(), k("attention.layer_norm_rms_epsilon").c_str(), 1e-5f);
+    gguf_set_val_f32(g.get(), k("rope.freq_base").c_str(), c.rope_freq_base);
+    if (c.arch == "qwen2vl") {
+        gguf_set_arr_data(g.get(), k("rope.dimension_sections").c_str(), GGUF_TYPE_INT32, c.rope_sections.data(), 4);
+    }
+
+    // dummy tokenizer (upstream tests/test-llama-archs.cpp): no special tokens, ids are fed directly
+    std::vector<std::string>  words(size_t(c.n_vocab));
+    std::vector<const char *> ptrs(size_t(c.n_vocab));
+    std::vector<float>        scores(size_t(c.n_vocab), 0.0f);
+    for (int32_t i = 0; i < c.n_vocab; ++i) {
+        words[size_t(i)] = "tok_" + std::to_string(i);
+        ptrs[size_t(i)]  = words[size_t(i)].c_str();
+    }
+    gguf_set_val_str(g.get(), "tokenizer.ggml.model", "test");
+    gguf_set_arr_str(g.get(), "tokenizer.ggml.tokens", ptrs.data(), ptrs.size());
+    gguf_set_arr_data(g.get(), "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores.data(), scores.size());
+    return g;
+}
+
+void validate(const tiny_config & c) {
+    if (c.arch != "llama" && c.arch != "qwen2vl") {
+        throw std::invalid_argument("tiny_model: arch must be llama or qwen2vl, not " + c.arch);
+    }
+    if (c.n_layer <= 0 || c.n_embd <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || c.n_ff <= 0 || c.n_vocab <= 0 ||
+        c.n_ctx_train <= 0) {
+        throw std::invalid_argument("tiny_model: sizes must be positive");
+    }
+    if (c.n_embd % c.n_head != 0 || c.n_head % c.n_head_kv != 0 || c.head_dim() % 2 != 0) {
+        throw std::invalid_argument("tiny_model: need n_embd % n_head == 0, n_head % n_head_kv == 0, even head_dim");
+    }
+    if (c.arch == "qwen2vl") {
+        const auto & s = c.rope_sections;
+        if (s[0] < 0 || s[1] < 0 || s[2] < 0 || s[3] != 0 || s[0] + s[1] + s[2] <= 0 ||
+            s[0] + s[1] + s[2] > c.head_dim()) {
+            throw std::invalid_argument("tiny_model: rope_sections must be >= 0 with sections[3] == 0 and a sum in "
+                                        "(0, head_dim]");
+        }
+    }
+}
+
+// ---- reference helpers ---------------------------------------------------------------------------------------
+
+using vecd = std::vector<double>;
+
+// y[o] = sum_i W[o][i] x[i] (+ b[o]); W is {n_in, n_out} in ggml order.
+vecd matvec(const tiny_tensor & w, const vecd & x, const tiny_tensor * b = nullptr) {
+    const size_t n_in = size_t(w.ne[0]), n_out = size_t(w.ne[1]);
+    if (x.size() != n_in) {
+        throw std::logic_error("reference: matvec size mismatch");
+    }
+    vecd y(n_out, 0.0);
+    for (size_t o = 0; o < n_out; ++o) {
+        const float * row = w.data.data() + o * n_in;
+        double        acc = 0.0;
+        for (size_t i = 0; i < n_in; ++i) {
+            acc += double(row[i]) * x[i];
+        }
+        y[o] = acc + (b ? double(b->data[o]) : 0.0);
+    }
+    return y;
+}
+
+double scalar_or_one(const tiny_model & m, const std::string & name) {
+    const tiny_tensor * t = m.find(name);
+    return t ? double(t->data[0]) : 1.0;
+}
+
+// llama.cpp multiplies a matmul result by its optional "<w>.scale"; they are 1 here but honour them anyway.
+vecd linear(const tiny_model & m, const std::string & w, const vecd & x, const std::string & bias = "") {
+    vecd         y = matvec(m.tensor(w + ".weight"), x);
+    const double s = scalar_or_one(m, w + ".scale");
+    const tiny_tensor * b = bias.empty() ? nullptr : m.find(bias);
+    for (size_t o = 0; o < y.size(); ++o) {
+        y[o] = y[o] * s + (b ? double(b->data[o]) : 0.0);
+    }
+    return y;
+}
+
+vecd rms_norm(const vecd & x, const tiny_tensor & w, double eps) {
+    double ss = 0.0;
+    for (double v : x) {
+        ss += v * v;
+    }
+    const double scale = 1.0 / std::sqrt(ss / double(x.size()) + eps);
+    vecd         y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        y[i] = x[i] * scale * double(w.data[i]);
+    }
+    return y;
+}
+
+// Rotates one head vector (head_dim values) in place, as ggml_rope_ext / ggml_rope_multi on CPU with
+// freq_scale = 1, ext_factor = 0, attn_factor = 1 and no freq factors.
+void rope_head(double * v, int32_t d, const position & p, const tiny_config & c, bool mrope) {
+    const int32_t half = d / 2;
+    for (int32_t i = 0; i < half; ++i) {
+        int32_t pos = p[0];
+        if (mrope) {
+            const auto &  s      = c.rope_sections;
+            const int32_t sector = i % (s[0] + s[1] + s[2] + s[3]);
+            if (sector >= s[0] && sector < s[0] + s[1]) {
+                pos = p[1];  // plane 1 = y
+            } else if (sector >= s[0] + s[1] && sector < s[0] + s[1] + s[2]) {
+                pos = p[2];  // plane 2 = x
+            }
+            // sector >= s0+s1+s2 would use plane 3; validate() forbids it (sections[3] == 0)
+        }
+        const double theta = double(pos) * std::pow(double(c.rope_freq_base), -2.0 * double(i) / double(d));
+        const double cs = std::cos(theta), sn = std::sin(theta);
+        const int32_t a = mrope ? i : 2 * i;         // NEOX pairs (i, i + d/2) vs NORM pairs (2i, 2i + 1)
+        const int32_t b = mrope ? i + half : 2 * i + 1;
+        const double  x0 = v[a], x1 = v[b];
+        v[a]             = x0 * cs - x1 * sn;
+        v[b]             = x0 * sn + x1 * cs;
+    }
+}
+
+double silu(double x) {
+    return x / (1.0 + std::exp(-x));
+}
+
+}  // namespace
+
+// ---- tiny_model ------------------------------------------------------------------------------------------------
+
+tiny_model::tiny_model(tiny_model && o) noexcept :
+    model_(std::exchange(o.model_, nullptr)),
+    config_(std::move(o.config_)),
+    rms_eps_(o.rms_eps_),
+    tensors_(std::move(o.tensors_)) {}
+
+tiny_model & tiny_model::operator=(tiny_model && o) noexcept {
+    if (this != &o) {
+        if (model_) {
+            llama_model_free(model_);
+        }
+        model_   = std::exchange(o.model_, nullptr);
+        config_  = std::move(o.config_);
+        rms_eps_ = o.rms_eps_;
+        tensors_ = std::move(o.tensors_);
+    }
+    return *this;
+}
+
+tiny_model::~tiny_model() {
+    if (model_) {
+        llama_model_free(model_);
+    }
+}
+
+const tiny_tensor * tiny_model::find(const std::string & name) const {
+    const auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : &it->second;
+}
+
+const tiny_tensor & tiny_model::tensor(const std::string & name) const {
+    const tiny_tensor * t = find(name);
+    if (!t) {
+        throw std::out_of_range("tiny_model: no tensor " + name);
+    }
+    return *t;
+}
+
+const float * tiny_model::embedding(int32_t token) const {
+    if (token < 0 || token >= config_.n_vocab) {
+        throw std::out_of_range("tiny_model: token id out of range");
+    }
+    return tensor("token_embd.weight").data.data() + size_t(token) * size_t(config_.n_embd);
+}
+
+tiny_model make_tiny_model(const tiny_config & cfg) {
+    validate(cfg);
+    llama_backend_init();
+
+    tiny_model m;
+    m.config_  = cfg;
+    m.rms_eps_ = cfg.arch == "qwen2vl" ? 0.0 : double(1e-5f);
+
+    builder b;
+    b.cfg = cfg;
+    b.out = &m.tensors_;
+
+    auto                meta   = make_metadata(cfg);
+    llama_model_params  params = llama_model_default_params();
+    params.n_gpu_layers        = 0;
+    params.progress_callback   = [](float, void *) { return true; };
+    m.model_ = llama_model_init_from_user(meta.get(), set_tensor_data, &b, params);
+    if (!m.model_) {
+        throw std::runtime_error("tiny_model: llama_model_init_from_user failed for arch " + cfg.arch);
+    }
+    if (!b.unknown.empty() || !b.bad_type.empty()) {
+        std::string msg = "tiny_model: llama.cpp created tensors this builder cannot initialise:";
+        for (const auto & n : b.unknown) {
+            msg += " " + n;
+        }
+        for (const auto & n : b.bad_type) {
+            msg += " " + n + "(type)";
+        }
+        throw std::runtime_error(msg);  // ~tiny_model frees the model
+    }
+    if (llama_model_n_head(m.model_) != cfg.n_head || llama_model_n_head_kv(m.model_) != cfg.n_head_kv ||
+        llama_model_n_layer(m.model_) != cfg.n_layer || llama_model_n_embd(m.model_) != cfg.n_embd) {
+        throw std::runtime_error("tiny_model: llama.cpp read back different hyperparameters");
+    }
+    return m;
+}
+
+// ---- positions -------------------------------------------------------------------------------------------------
+
+std::vector<position> text_positions(int32_t n, int32_t t0) {
+    std::vector<position> p(size_t(std::max(n, 0)));
+    for (int32_t i = 0; i < n; ++i) {
+        p[size_t(i)] = { t0 + i, t0 + i, t0 + i };
+    }
+    return p;
+}
+
+std::vector<position> image_positions(int32_t t, int32_t nx, int32_t ny) {
+    std::vector<position> p;
+    p.reserve(size_t(std::max(nx * ny, 0)));
+    for (int32_t i = 0; i < nx * ny; ++i) {
+        p.push_back({ t, t + i / nx, t + i % nx });
+    }
+    return p;
+}
+
+// ---- reference -------------------------------------------------------------------------------------------------
+
+reference_output reference_forward(const tiny_model & m, const std::vector<int32_t> & tokens,
+                                   const std::vector<position> & positions, const keep_fn & keep) {
+    const tiny_config & c = m.config();
+    const int32_t       n = int32_t(tokens.size());
+    if (n == 0 || positions.size() != tokens.size()) {
+        throw std::invalid_argument("reference: need one position per token and at least one token");
+    }
+    const int32_t d = c.head_dim(), n_embd = c.n_embd, n_kv = c.n_head_kv, group = c.n_head / c.n_head_kv;
+    const bool    mrope = m.mrope();
+    const double  eps   = m.rms_eps();
+    const double  scale = 1.0 / std::sqrt(double(d));
+
+    std::vector<vecd> x(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) {
+        const float * e = m.embedding(tokens[size_t(i)]);
+        x[size_t(i)].assign(e, e + n_embd);
+    }
+
+    reference_output out;
+    out.kv.resize(size_t(c.n_layer));
+
+    for (int32_t il = 0; il < c.n_layer; ++il) {
+        const std::string blk = "blk." + std::to_string(il) + ".";
+
+        std::vector<vecd> q(static_cast<size_t>(n)), k(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+        for (int32_t i = 0; i < n; ++i) {
+            const vecd h = rms_norm(x[size_t(i)], m.tensor(blk + "attn_norm.weight"), eps);
+            q[size_t(i)] = linear(m, blk + "attn_q", h, blk + "attn_q.bias");
+            k[size_t(i)] = linear(m, blk + "attn_k", h, blk + "attn_k.bias");
+            v[size_t(i)] = linear(m, blk + "attn_v", h, blk + "attn_v.bias");
+            for (int32_t hh = 0; hh < c.n_head; ++hh) {
+                rope_head(q[size_t(i)].data() + size_t(hh * d), d, positions[size_t(i)], c, mrope);
+            }
+            for (int32_t g = 0; g < n_kv; ++g) {
+                rope_head(k[size_t(i)].data() + size_t(g * d), d, positions[size_t(i)], c, mrope);
+            }
+        }
+
+        reference_layer_kv & kv = out.kv[size_t(il)];
+        kv.k.resize(size_t(n_kv) * size_t(n) * size_t(d));
+        kv.v.resize(kv.k.size());
+        for (int32_t g = 0; g < n_kv; ++g) {
+            for (int32_t j = 0; j < n; ++j) {
+                for (int32_t e = 0; e < d; ++e) {
+                    const size_t dst = (size_t(g) * size_t(n) + size_t(j)) * size_t(d) + size_t(e);
+                    kv.k[dst]        = float(k[size_t(j)][size_t(g * d + e)]);
+                    kv.v[dst]        = float(v[size_t(j)][size_t(g * d + e)]);
+                }
+            }
+        }
+
+        std::vector<vecd> x_next(static_cast<size_t>(n));
+        for (int32_t i = 0; i < n; ++i) {
+            vecd attn(size_t(c.n_head * d), 0.0);
+            for (int32_t hh = 0; hh < c.n_head; ++hh) {
+                const int32_t g = hh / group;  // GQA: query head -> KV head by division, as ggml does
+                std::vector<double>  s;
+                std::vector<int32_t> idx;
+                for (int32_t j = 0; j <= i; ++j) {
+                    if (keep && !keep(il, g, i, j)) {
+                        continue;
+                    }
+                    double dot = 0.0;
+                    for (int32_t e = 0; e < d; ++e) {
+                        dot += q[size_t(i)][size_t(hh * d + e)] * k[size_t(j)][size_t(g * d + e)];
+                    }
+                    s.push_back(dot * scale);
+                    idx.push_back(j);
+                }
+                if (s.empty()) {
+                    continue;
+                }
+                const double mx  = *std::max_element(s.begin(), s.end());
+                double       sum = 0.0;
+                for (double & z : s) {
+                    z = std::exp(z - mx);
+                    sum += z;
+                }
+                for (size_t t = 0; t < s.size(); ++t) {
+                    const double p = s[t] / sum;
+                    for (int32_t e = 0; e < d; ++e) {
+                        attn[size_t(hh * d + e)] += p * v[size_t(idx[t])][size_t(g * d + e)];
+                    }
+                }
+            }
+            const vecd o = linear(m, blk + "attn_output", attn, blk + "attn_output.bias");
+            vecd       r = x[size_t(i)];
+            for (int32_t e = 0; e < n_embd; ++e) {
+                r[size_t(e)] += o[size_t(e)];
+            }
+
+            const vecd h    = rms_norm(r, m.tensor(blk + "ffn_norm.weight"), eps);
+            const vecd gate = linear(m, blk + "ffn_gate", h, blk + "ffn_gate.bias");
+            const vecd up   = linear(m, blk + "ffn_up", h, blk + "ffn_up.bias");
+            vecd       act(gate.size());
+            for (size_t e = 0; e < act.size(); ++e) {
+                act[e] = silu(gate[e]) * up[e];
+            }
+            const vecd down = linear(m, blk + "ffn_down", act, blk + "ffn_down.bias");
+            for (int32_t e = 0; e < n_embd; ++e) {
+                r[size_t(e)] += down[size_t(e)];
+            }
+            x_next[size_t(i)] = std::move(r);
+        }
+        x = std::move(x_next);
+    }
+
+    const vecd h      = rms_norm(x.back(), m.tensor("output_norm.weight"), eps);
+    // qwen2vl creates output.bias but its graph never adds it (it is 0 here anyway); llama has none.
+    const vecd logits = linear(m, "output", h);
+    out.logits.assign(logits.begin(), logits.end());
+    return out;
+}
+
+std::vector<float> reference_logits(const tiny_model & m, const std::vector<int32_t> & tokens,
+                                    const std::vector<position> & positions, const keep_fn & keep) {
+    return reference_forward(m, tokens, positions, keep).logits;
+}
+
+std::vector<reference_layer_kv> reference_kv(const tiny_model & m, const std::vector<int32_t> & tokens,
+                                             const std::vector<position> & positions, const keep_fn & keep) {
+    return reference_forward(m, tokens, positions, keep).kv;
+}
+
+// ---- decoding through llama.cpp ----------------------------------------------------------------------------------
+
+int32_t decode_prompt(llama_context * ctx, const tiny_model & m, const std::vector<int32_t> & tokens,
+                      const std::vector<position> & positions, int32_t seq_id) {
+    if (positions.size() != tokens.size() || tokens.empty()) {
+        throw std::invalid_argument("decode_prompt: need one position per token and at least one token");
+    }
+    const int32_t n     = int32_t(tokens.size());
+    const bool    mrope = m.mrope();
+    // an M-RoPE token is image-like when its y/x differ from t or a neighbour shares its t (an image block)
+    auto is_text = [&](int32_t i) {
+        const position & p = positions[size_t(i)];
+        if (!mrope) {
+            return true;
+        }
+        const bool shared = (i > 0 && positions[size_t(i - 1)][0] == p[0]) ||
+                            (i + 1 < int32_t(positions.size()) && positions[size_t(i + 1)][0] == p[0]);
+        return p[1] == p[0] && p[2] == p[0] && !shared;
+    };
+
+    for (int32_t i0 = 0; i0 < n;) {
+        const bool text = is_text(i0);
+        int32_t    i1   = i0 + 1;
+        while (i1 < n && is_text(i1) == text) {
+            ++i1;
+        }
+        const int32_t nt = i1 - i0;
+
+        std::vector<llama_token>    tok;
+        std::vector<float>          embd;
+        std::vector<llama_pos>      pos(size_t(nt) * (text ? 1 : 4), 0);
+        std::vector<int32_t>        n_seq(size_t(nt), 1);
+        llama_seq_id                sid = seq_id;
+        std::vector<llama_seq_id *> sids(size_t(nt), &sid);
+        std::vector<int8_t>         out(size_t(nt), 0);
+        out.back() = i1 == n ? 1 : 0;
+
+        for (int32_t r = 0; r < nt; ++r) {
+            const position & p = positions[size_t(i0 + r)];
+            if (text) {
+                tok.push_back(tokens[size_t(i0 + r)]);
+                pos[size_t(r)] = p[0];
+            } else {
+                const float * e = m.embedding(tokens[size_t(i0 + r)]);
+                embd.insert(embd.end(), e, e + m.config().n_embd);
+                pos[size_t(r)]          = p[0];
+                pos[size_t(r + nt)]     = p[1];  // y
+                pos[size_t(r + 2 * nt)] = p[2];  // x
+                pos[size_t(r + 3 * nt)] = 0;     // z: unused, 0 as mtmd
+            }
+        }
+
+        llama_batch batch{};
+        batch.n_tokens = nt;
+        batch.token    = text ? tok.data() : nullptr;
+        batch.embd     = text ? nullptr : embd.data();
+        batch.pos      = pos.data();
+        batch.n_seq_id = n_seq.data();
+        batch.seq_id   = sids.data();
+        batch.logits   = out.data();
+        if (const int32_t rc = llama_decode(ctx, batch); rc != 0) {
+            return rc;
+        }
+        i0 = i1;
+    }
+    return 0;
+}
+
+}  // namespace ecokv::test

@@ -1,0 +1,126 @@
+// Test support: tiny random-weight llama.cpp models built in memory, and an independent reference forward pass.
+//
+// make_tiny_model() builds a `llama` or `qwen2vl` model through llama_model_init_from_user() with the dummy "test"
+// tokenizer (token ids are fed directly) and keeps a copy of every weight as F32. reference_forward() recomputes the
+// model in double precision with plain loops (no ggml), with an optional per-(layer, KV head, query, key) mask, so
+// tests can check what llama.cpp computes with a full or an evicted KV cache. See tests/llama/README.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+struct llama_model;
+struct llama_context;
+
+namespace ecokv::test {
+
+struct tiny_config {
+    std::string arch = "llama";  // "llama" (stories260K-like) or "qwen2vl" (M-RoPE, Q/K/V biases)
+    int32_t n_layer = 2, n_embd = 64, n_head = 4, n_head_kv = 2, n_ff = 128, n_vocab = 128, n_ctx_train = 4096;
+    float    rope_freq_base = 10000;
+    uint64_t seed = 1;
+    // qwen2vl only: M-RoPE sections (t, y, x, extra) counted in rotation pairs (head_dim/2 in all). The extra
+    // section must be 0 (as in Qwen2-VL): llama.cpp fills plane 3 inconsistently (t for text, 0 from mtmd images).
+    std::array<int32_t, 4> rope_sections = { 2, 3, 3, 0 };
+
+    int32_t head_dim() const { return n_embd / n_head; }
+};
+
+// One weight as llama.cpp created it: ne in ggml order (ne[0] fastest), data row-major over that order, i.e. a
+// matrix {n_in, n_out} holds W[o][i] at data[o*n_in + i].
+struct tiny_tensor {
+    std::array<int64_t, 4> ne = { 1, 1, 1, 1 };
+    std::vector<float>     data;
+};
+
+class tiny_model {
+  public:
+    tiny_model(tiny_model && other) noexcept;
+    tiny_model & operator=(tiny_model && other) noexcept;
+    tiny_model(const tiny_model &)             = delete;
+    tiny_model & operator=(const tiny_model &) = delete;
+    ~tiny_model();  // llama_model_free
+
+    llama_model *       get() const { return model_; }
+    const tiny_config & config() const { return config_; }
+    bool                mrope() const { return config_.arch == "qwen2vl"; }
+    // RMSNorm epsilon llama.cpp actually uses: 1e-5 for llama; 0 for qwen2vl, because this tree's
+    // llama_model_qwen2vl::load_arch_hparams never reads layer_norm_rms_epsilon (hparams stay zero-initialised).
+    double rms_eps() const { return rms_eps_; }
+
+    // Every tensor llama.cpp created, by GGUF name (e.g. "blk.0.attn_q.weight"), including the optional ones that a
+    // from-user model creates anyway (*.scale, *.input_scale, rope_freqs, output.bias, ...), which hold 1 or 0.
+    const std::map<std::string, tiny_tensor> & tensors() const { return tensors_; }
+    const tiny_tensor *                        find(const std::string & name) const;    // nullptr if absent
+    const tiny_tensor &                        tensor(const std::string & name) const;  // throws if absent
+    const float * embedding(int32_t token) const;  // row of token_embd.weight (n_embd floats)
+
+  private:
+    friend tiny_model make_tiny_model(const tiny_config & cfg);
+    tiny_model() = default;
+
+    llama_model *                      model_ = nullptr;
+    tiny_config                        config_;
+    double                             rms_eps_ = 1e-5;
+    std::map<std::string, tiny_tensor> tensors_;
+};
+
+// Builds the model (CPU weights; model params are llama_model_default_params() with n_gpu_layers = 0). Weights are
+// deterministic in (cfg, name) and independent of the platform's <random>:
+//   token_embd N(0, 1); attn_q/attn_k N(0, 1.3/sqrt(n_embd)) so attention is peaked (score std ~1.7) and RoPE or
+//   masking errors show in the logits; other matrices N(0, 1/sqrt(fan_in)); norms 1 + N(0, 0.1);
+//   qwen2vl Q/K/V biases N(0, 0.2); every other bias 0; every *.scale / *.input_scale / rope_freqs 1.
+// Throws std::invalid_argument on a bad config and std::runtime_error when llama.cpp fails or creates a tensor this
+// code does not know how to neutralise.
+tiny_model make_tiny_model(const tiny_config & cfg);
+
+// (t, y, x) per token. For text all three equal the sequence position; llama only uses t.
+using position = std::array<int32_t, 3>;
+
+std::vector<position> text_positions(int32_t n, int32_t t0 = 0);
+// An nx-by-ny image block at temporal position t, raster order, as mtmd_image_tokens_get_decoder_pos (M-RoPE):
+// token i = (t, t + i/nx, t + i%nx). The next text position after it is t + max(nx, ny).
+std::vector<position> image_positions(int32_t t, int32_t nx, int32_t ny);
+
+// keep(layer, kv_head, query_index, key_index) (token indices into the prompt, key <= query): false hides the key
+// from every query head of that KV group in that layer. An empty function keeps everything.
+using keep_fn = std::function<bool(int32_t layer, int32_t kv_head, int32_t query_index, int32_t key_index)>;
+
+// K (after RoPE) and V of one layer, [n_head_kv][n_tokens][head_dim], the order of ecokv::llama::state_blob views.
+struct reference_layer_kv {
+    std::vector<float> k, v;
+};
+
+struct reference_output {
+    std::vector<float>              logits;  // [n_vocab], last token
+    std::vector<reference_layer_kv> kv;      // [n_layer]
+};
+
+// The reference: causal attention in token-index order (key j visible to query i iff j <= i and keep(...)), which is
+// llama.cpp's position mask for prompts with non-decreasing t whose image blocks are in raster order. A query row with
+// every key hidden outputs 0 for that head. RoPE as llama.cpp: llama = LLAMA_ROPE_TYPE_NORM (pairs (2i, 2i+1)),
+// qwen2vl = M-RoPE (NEOX pairs (i, i + d/2); pair i takes plane t, y or x by (i mod sum(sections)) against the
+// sections). Attention scale 1/sqrt(head_dim). Double precision throughout; weights are the F32 values in the model.
+reference_output reference_forward(const tiny_model & m, const std::vector<int32_t> & tokens,
+                                   const std::vector<position> & positions, const keep_fn & keep = {});
+
+std::vector<float> reference_logits(const tiny_model & m, const std::vector<int32_t> & tokens,
+                                    const std::vector<position> & positions, const keep_fn & keep = {});
+
+std::vector<reference_layer_kv> reference_kv(const tiny_model & m, const std::vector<int32_t> & tokens,
+                                             const std::vector<position> & positions, const keep_fn & keep = {});
+
+// Decodes a prompt into seq_id of ctx the way mtmd does: text runs go as token batches (llama.cpp broadcasts t to
+// every position plane); for M-RoPE, image-like runs go as embedding batches (rows of token_embd, so ext.tok = -1 in
+// the cache) with 4 position planes [t | y | x | 0]. A token is image-like when its y or x differs from t or a
+// neighbour shares its t (so a 1x1 image block counts as text). Can be called again to append. Every run must fit
+// in the context's n_batch/n_ubatch as llama_decode allows. Only the last token's logits are requested: read them
+// with llama_get_logits_ith(ctx, -1). Returns the first non-zero llama_decode result, or 0.
+int32_t decode_prompt(llama_context * ctx, const tiny_model & m, const std::vector<int32_t> & tokens,
+                      const std::vector<position> & positions, int32_t seq_id = 0);
+
+}  // namespace ecokv::test

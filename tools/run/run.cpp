@@ -1,0 +1,285 @@
+// ecokv run: prefill a prompt in llama.cpp, compress the KV cache with any method, decode from the smaller
+// cache, and report memory, time and (with --compare-full) agreement with the full cache.
+#include "common/args.h"
+#include "ecokv/capture.h"
+#include "ecokv/error.h"
+#include "ecokv/llama-adapter.h"
+#include "ecokv/llama-generate.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace {
+
+using ecokv::error;
+namespace el = ecokv::llama;
+
+struct model_deleter {
+    void operator()(llama_model * m) const { llama_model_free(m); }
+};
+
+bool g_verbose = false;
+
+void log_filter(ggml_log_level level, const char * text, void *) {
+    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) {
+        std::fputs(text, stderr);
+    }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string read_text(const std::string & path) {
+    std::ifstream in(path);
+    if (!in) {
+        throw error(path + ": cannot open prompt file");
+    }
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+// The prompt split for question-agnostic use: the context (template prefix + context text) is compressed;
+// each question continues with the template's closing part.
+struct prompt_parts {
+    std::string context;
+    std::string question_suffix;  // appended after each question (template end, assistant prefix)
+};
+
+prompt_parts split_prompt(const llama_model * model, const std::string & context) {
+    const std::string marker   = "\x01" "ECOKV_QUESTION" "\x01";
+    const std::string rendered = el::chat_prompt(model, context + "\n" + marker);
+    const size_t      at       = rendered.find(marker);
+    if (at == std::string::npos) {
+        return { context + "\n", "" };
+    }
+    return { rendered.substr(0, at), rendered.substr(at + marker.size()) };
+}
+
+struct comparison {
+    double agreement = 0, mean_kl = 0;
+    int    n         = 0;
+};
+
+// Teacher forcing: the full cache's greedy tokens are fed to the compressed cache; at each step compare the
+// next-token distributions (KL) and their argmax.
+comparison compare(llama_context * compressed, const el::generation & full, llama_pos pos) {
+    comparison                            c;
+    const std::vector<std::vector<float>> q = el::force(compressed, full.tokens, pos);
+    for (size_t i = 0; i < q.size(); ++i) {
+        c.agreement += el::argmax(q[i]) == full.tokens[i + 1];
+        c.mean_kl += el::kl_divergence(full.logits[i + 1], q[i]);
+        ++c.n;
+    }
+    if (c.n > 0) {
+        c.agreement /= c.n;
+        c.mean_kl /= c.n;
+    }
+    return c;
+}
+
+void restore(llama_context * ctx, const std::vector<uint8_t> & state) {
+    llama_memory_clear(llama_get_memory(ctx), true);
+    if (llama_state_seq_set_data(ctx, state.data(), state.size(), 0) != state.size()) {
+        throw error("cannot restore the sequence state");
+    }
+}
+
+std::vector<uint8_t> save(llama_context * ctx) {
+    std::vector<uint8_t> s(llama_state_seq_get_size(ctx, 0));
+    llama_state_seq_get_data(ctx, s.data(), s.size(), 0);
+    return s;
+}
+
+}  // namespace
+
+int ecokv_run(int argc, char ** argv) {
+    return ecokv::tools::run_command("run", [&] {
+        cxxopts::Options options("ecokv run", "Prefill, compress the KV cache, decode from the compressed cache.");
+        // clang-format off
+        options.add_options()
+            ("model", "GGUF model", cxxopts::value<std::string>())
+            ("p,prompt", "prompt text (the context in question mode)", cxxopts::value<std::string>())
+            ("f,file", "read the prompt from a file", cxxopts::value<std::string>())
+            ("question", "question-agnostic mode: compress after the prompt, then answer each question (repeatable)",
+                cxxopts::value<std::vector<std::string>>())
+            ("n,n-predict", "tokens to generate", cxxopts::value<int32_t>()->default_value("32"))
+            ("compare-full", "also decode with the full cache: greedy agreement and mean KL")
+            ("dump-capture", "write the prefill capture (SPEC §7) to this file", cxxopts::value<std::string>())
+            ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
+            ("json", "print one JSON object")
+            ("verbose", "show llama.cpp's log")
+            ("h,help", "show this help");
+        // clang-format on
+        ecokv::tools::add_method_options(options);
+        const auto args = options.parse(argc, argv);
+        if (args.count("help")) {
+            std::printf("%s\n", options.help({ "", "method" }).c_str());
+            return 0;
+        }
+        ecokv::tools::reject_positional(args);
+        ecokv::tools::require(args, { "model", "method" });
+        if (args.count("prompt") == args.count("file")) {
+            throw error("give the prompt with exactly one of -p/--prompt and -f/--file");
+        }
+        const std::string        model_path = args["model"].as<std::string>();
+        const ecokv::method_spec spec       = ecokv::parse_method(args["method"].as<std::string>());
+        ecokv::method_params     params     = ecokv::tools::method_params_from(args);
+        params.validate(ecokv::method_window(spec, params));
+        const int32_t n_predict = args["n-predict"].as<int32_t>();
+        if (n_predict < 1) {
+            throw error("-n " + std::to_string(n_predict) + " must be at least 1");
+        }
+        const std::vector<std::string> questions =
+            args.count("question") ? args["question"].as<std::vector<std::string>>() : std::vector<std::string>{};
+        g_verbose = args.count("verbose") > 0;
+        llama_log_set(log_filter, nullptr);
+        if (!std::filesystem::is_regular_file(model_path)) {
+            throw error(model_path + ": no such model file");
+        }
+        llama_backend_init();
+        std::unique_ptr<llama_model, model_deleter> model(
+            llama_model_load_from_file(model_path.c_str(), llama_model_default_params()));
+        if (!model) {
+            throw error(model_path + ": cannot load the model (not a GGUF llama.cpp 0.5.0 can read?)");
+        }
+
+        // Tokens: the whole chat prompt, or the context part in question mode.
+        const std::string text = args.count("prompt") ? args["prompt"].as<std::string>()
+                                                      : read_text(args["file"].as<std::string>());
+        const prompt_parts parts = questions.empty() ? prompt_parts{ el::chat_prompt(model.get(), text), "" }
+                                                     : split_prompt(model.get(), text);
+        const std::vector<llama_token> prompt = el::tokenize(model.get(), parts.context, true);
+        std::vector<std::vector<llama_token>> question_tokens;
+        int32_t                               n_question_max = 0;
+        for (const std::string & q : questions) {
+            question_tokens.push_back(el::tokenize(model.get(), q + parts.question_suffix, false));
+            n_question_max = std::max(n_question_max, int32_t(question_tokens.back().size()));
+        }
+        const int32_t n_prompt = int32_t(prompt.size());
+        const int32_t n_extra  = n_predict + n_question_max;
+        const int32_t n_train  = llama_model_n_ctx_train(model.get());
+        if (n_prompt + n_extra > n_train) {
+            throw error("prompt of " + std::to_string(n_prompt) + " tokens plus " + std::to_string(n_extra) +
+                        " new ones exceeds the model's context of " + std::to_string(n_train));
+        }
+
+        // Prefill with the query capture attached.
+        const int32_t       window = ecokv::method_window(spec, params);
+        el::query_capture   capture(model.get(), std::max(32, window), spec.scorer == "h2o");
+        llama_context_params cparams = llama_context_default_params();
+        cparams.n_ctx                = uint32_t(n_prompt + n_extra);
+        cparams.n_batch              = uint32_t(std::min(n_prompt + n_extra, 2048));
+        cparams.n_seq_max            = 1;
+        if (args["threads"].as<int32_t>() > 0) {
+            cparams.n_threads = cparams.n_threads_batch = args["threads"].as<int32_t>();
+        }
+        llama_context_params prefill_params = cparams;
+        capture.attach(prefill_params);
+        el::context_ptr ctx(llama_init_from_model(model.get(), prefill_params));
+        if (!ctx) {
+            throw error("cannot create a context of " + std::to_string(cparams.n_ctx) + " cells");
+        }
+        auto                     t0           = std::chrono::steady_clock::now();
+        const std::vector<float> first_logits = el::decode(ctx.get(), prompt, 0);
+        const double             prefill_s    = seconds_since(t0);
+        capture.set_active(false);
+
+        const el::prefill_state state(ctx.get(), capture, {});
+        if (args.count("dump-capture")) {
+            ecokv::write_capture(args["dump-capture"].as<std::string>(), state.view());
+        }
+        const el::compressed_cache cc = el::compress_context(model.get(), state, spec, params, n_extra, cparams);
+        const uint64_t kv_full = el::kv_bytes_allocated(ctx.get(), state.kv_bytes_per_cell());
+
+        nlohmann::json out = {
+            { "model", state.view().model },      { "method", cc.sel.method },     { "budget", params.budget },
+            { "window", cc.sel.window },          { "prompt_tokens", n_prompt },   { "image_tokens", 0 },
+            { "kv_bytes_full", kv_full },         { "kv_bytes_compressed", cc.kv_bytes_alloc },
+            { "kv_bytes_kept", cc.kv_bytes_kept }, { "kept_per_head", cc.n_cells }, { "prefill_s", prefill_s },
+            { "compress_s", cc.select_seconds + cc.rebuild_seconds },
+        };
+        const std::vector<uint8_t> full_state = args.count("compare-full") ? save(ctx.get()) : std::vector<uint8_t>{};
+        nlohmann::json             answers    = nlohmann::json::array();
+        double                     decode_s = 0, agreement = 0, mean_kl = 0;
+        int64_t                    n_decoded = 0, n_compared = 0;
+        const size_t               n_runs    = std::max<size_t>(1, questions.size());
+        for (size_t qi = 0; qi < n_runs; ++qi) {
+            std::vector<float> logits = first_logits;
+            llama_pos          pos    = n_prompt;
+            if (!questions.empty()) {
+                if (qi > 0) {
+                    restore(cc.ctx.get(), cc.state);
+                }
+                logits = el::decode(cc.ctx.get(), question_tokens[qi], pos);
+                pos += llama_pos(question_tokens[qi].size());
+            }
+            const el::generation gen = el::greedy(cc.ctx.get(), logits, pos, n_predict, false);
+            decode_s += gen.seconds;
+            n_decoded += int64_t(gen.tokens.size());
+            nlohmann::json answer = { { "text", el::detokenize(model.get(), gen.tokens) } };
+            if (!questions.empty()) {
+                answer["question"] = questions[qi];
+            }
+            if (args.count("compare-full")) {
+                std::vector<float> full_logits = first_logits;
+                if (!questions.empty()) {
+                    restore(ctx.get(), full_state);
+                    full_logits = el::decode(ctx.get(), question_tokens[qi], n_prompt);
+                }
+                const el::generation full = el::greedy(ctx.get(), full_logits, pos, n_predict, true);
+                restore(cc.ctx.get(), cc.state);
+                if (!questions.empty()) {
+                    el::decode(cc.ctx.get(), question_tokens[qi], n_prompt);
+                }
+                const comparison c = compare(cc.ctx.get(), full, pos);
+                answer["full_text"] = el::detokenize(model.get(), full.tokens);
+                answer["agreement"] = c.agreement;
+                answer["mean_kl"]   = c.mean_kl;
+                agreement += c.agreement * c.n;
+                mean_kl += c.mean_kl * c.n;
+                n_compared += c.n;
+                if (!questions.empty() || qi + 1 < n_runs) {
+                    restore(ctx.get(), full_state);
+                }
+            }
+            answers.push_back(answer);
+        }
+        out["text"]              = answers[0]["text"];
+        out["answers"]           = answers;
+        out["decode_s"]          = decode_s;
+        out["decode_tokens_per_s"] = decode_s > 0 ? double(n_decoded) / decode_s : 0.0;
+        out["agreement"]         = n_compared ? nlohmann::json(agreement / n_compared) : nlohmann::json(nullptr);
+        out["mean_kl"]           = n_compared ? nlohmann::json(mean_kl / n_compared) : nlohmann::json(nullptr);
+
+        if (args.count("json")) {
+            std::printf("%s\n", out.dump().c_str());
+            return 0;
+        }
+        for (const auto & a : answers) {
+            if (a.contains("question")) {
+                std::printf("Q: %s\n", a["question"].get<std::string>().c_str());
+            }
+            std::printf("%s\n", a["text"].get<std::string>().c_str());
+        }
+        const double mib = 1048576.0;
+        std::printf("\nmethod    %s (budget %d, window %d)\n", cc.sel.method.c_str(), params.budget, cc.sel.window);
+        std::printf("prompt    %d tokens (text %d, image 0)\n", n_prompt, n_prompt);
+        std::printf("kv cache  full %.3f MiB -> compressed %.3f MiB allocated (%d kept per head, %.3f MiB of entries)\n",
+                    kv_full / mib, cc.kv_bytes_alloc / mib, cc.n_cells, cc.kv_bytes_kept / mib);
+        std::printf("time      prefill %.3f s, compress %.4f s (select %.4f, rebuild %.4f), decode %.3f s (%.1f tok/s)\n",
+                    prefill_s, cc.select_seconds + cc.rebuild_seconds, cc.select_seconds, cc.rebuild_seconds,
+                    decode_s, out["decode_tokens_per_s"].get<double>());
+        if (n_compared) {
+            std::printf("vs full   agreement %.3f over %lld tokens, mean KL %.4f\n", agreement / n_compared,
+                        (long long) n_compared, mean_kl / n_compared);
+        }
+        return 0;
+    });
+}
