@@ -4,7 +4,9 @@
 #include "ecokv/llama-adapter.h"
 #include "state-blob.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 
 namespace ecokv::llama {
 
@@ -26,6 +28,21 @@ std::vector<uint8_t> read_sequence(llama_context * ctx, llama_seq_id seq) {
         throw error("cannot read the sequence state of the prefill context");
     }
     return bytes;
+}
+
+// [n_layer][n_head][n_cells]: -INF on the padding cells of each query head's KV group, 0 elsewhere.
+std::vector<float> padding_bias(const selection & sel, int32_t n_heads, int32_t n_cells) {
+    const int32_t      n_kv  = int32_t(sel.layers[0].size());
+    const int32_t      group = n_heads / n_kv;
+    std::vector<float> bias(sel.layers.size() * n_heads * n_cells, 0.0f);
+    for (size_t il = 0; il < sel.layers.size(); ++il) {
+        for (int32_t h = 0; h < n_heads; ++h) {
+            const int32_t kept = int32_t(sel.layers[il][h / group].kept.size());
+            std::fill(bias.begin() + (il * n_heads + h) * n_cells + kept, bias.begin() + (il * n_heads + h + 1) * n_cells,
+                      -INFINITY);
+        }
+    }
+    return bias;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -104,7 +121,14 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
 
     t0          = std::chrono::steady_clock::now();
     out.state   = state.compacted(out.sel);
-    out.n_cells = int32_t(out.sel.layers[0][0].kept.size());
+    out.n_cells = 0;
+    bool uniform = true;
+    for (const auto & layer : out.sel.layers) {
+        for (const head_selection & h : layer) {
+            uniform     = uniform && h.kept.size() == out.sel.layers[0][0].kept.size();
+            out.n_cells = std::max(out.n_cells, int32_t(h.kept.size()));
+        }
+    }
     cparams.n_ctx     = uint32_t(out.n_cells + n_extra);
     cparams.n_seq_max = 1;
     cparams.cb_eval   = nullptr;
@@ -114,6 +138,12 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
     }
     if (llama_state_seq_set_data(out.ctx.get(), out.state.data(), out.state.size(), 0) != out.state.size()) {
         throw error("llama.cpp rejected the compacted sequence state");
+    }
+    if (!uniform) {  // heads keeping fewer tokens than n_cells hide their padding cells
+        out.bias = padding_bias(out.sel, llama_model_n_head(model), out.n_cells);
+        if (!llama_set_kv_head_bias(out.ctx.get(), out.bias.data(), uint32_t(out.n_cells))) {
+            throw error("the model's KV cache does not take a per-head bias (SWA or hybrid memory)");
+        }
     }
     out.rebuild_seconds = seconds_since(t0);
     out.kv_bytes_alloc  = kv_bytes_allocated(out.ctx.get(), state.kv_bytes_per_cell());

@@ -159,14 +159,14 @@ tensor_view state_blob::values(int32_t il) const {
 
 std::vector<uint8_t> state_blob::compacted(const std::vector<std::vector<std::vector<int32_t>>> & kept,
                                            int32_t seq_id) const {
-    const int32_t n = int32_t(kept.at(0).at(0).size());
+    int32_t n = 0;
     for (const auto & layer : kept) {
         for (const auto & head : layer) {
-            if (int32_t(head.size()) != n) {
-                throw error("per-head budgets differ; compacting them needs the per-head bias patch");
-            }
+            n = std::max(n, int32_t(head.size()));
         }
     }
+    // Token of cell i in (il, ig), or -1 for padding.
+    auto token = [&](int32_t il, int32_t ig, int32_t i) { return i < int32_t(kept[il][ig].size()) ? kept[il][ig][i] : -1; };
     std::vector<uint8_t> out;
     put(out, k_magic);
     put(out, seq_id);
@@ -194,8 +194,10 @@ std::vector<uint8_t> state_blob::compacted(const std::vector<std::vector<std::ve
         out.resize(base + k_row_ * n);
         for (int32_t i = 0; i < n; ++i) {
             for (int32_t g = 0; g < n_kv_heads_; ++g) {
-                std::memcpy(out.data() + base + i * k_row_ + g * k_head,
-                            bytes_.data() + k_off_[il] + size_t(kept[il][g][i]) * k_row_ + g * k_head, k_head);
+                if (const int32_t t = token(il, g, i); t >= 0) {
+                    std::memcpy(out.data() + base + i * k_row_ + g * k_head,
+                                bytes_.data() + k_off_[il] + size_t(t) * k_row_ + g * k_head, k_head);
+                }
             }
         }
     }
@@ -210,7 +212,9 @@ std::vector<uint8_t> state_blob::compacted(const std::vector<std::vector<std::ve
             out.resize(base + v_row_ * n);
             for (int32_t i = 0; i < n; ++i) {
                 for (int32_t g = 0; g < n_kv_heads_; ++g) {
-                    std::memcpy(out.data() + base + i * v_row_ + g * v_head, src.row(kept[il][g][i], g), v_head);
+                    if (const int32_t t = token(il, g, i); t >= 0) {
+                        std::memcpy(out.data() + base + i * v_row_ + g * v_head, src.row(t, g), v_head);
+                    }
                 }
             }
         } else {
@@ -223,8 +227,10 @@ std::vector<uint8_t> state_blob::compacted(const std::vector<std::vector<std::ve
                 for (int32_t x = 0; x < head_dim_v_; ++x) {
                     const size_t j = size_t(g) * head_dim_v_ + x;
                     for (int32_t i = 0; i < n; ++i) {
-                        std::memcpy(out.data() + base + (j * n + i) * v_el,
-                                    static_cast<const uint8_t *>(src.row(kept[il][g][i], g)) + x * v_el, v_el);
+                        if (const int32_t t = token(il, g, i); t >= 0) {
+                            std::memcpy(out.data() + base + (j * n + i) * v_el,
+                                        static_cast<const uint8_t *>(src.row(t, g)) + x * v_el, v_el);
+                        }
                     }
                 }
             }

@@ -41,9 +41,10 @@ class state_blob {
     tensor_view keys(int32_t il) const;
     tensor_view values(int32_t il) const;
 
-    // A blob whose cell i of (layer l, KV head g) holds token kept[l][g][i]'s K and V. Every head must keep
-    // the same number of tokens. Cells are labelled with positions pos_max - n + 1 + i (clipped at 0), which
-    // keeps decoding at the original positions: K is stored after RoPE, labels only order the mask.
+    // A blob of n = the longest list cells whose cell i of (layer l, KV head g) holds token kept[l][g][i]'s K
+    // and V; cells past a shorter list are zero padding, to be hidden with a per-head bias. Cells are labelled
+    // with positions pos_max - n + 1 + i (clipped at 0), which keeps decoding at the original positions: K is
+    // stored after RoPE, labels only order the mask.
     std::vector<uint8_t> compacted(const std::vector<std::vector<std::vector<int32_t>>> & kept, int32_t seq_id) const;
 
   private:

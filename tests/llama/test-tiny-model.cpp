@@ -21,11 +21,9 @@ namespace t = ecokv::test;
 namespace {
 
 // ---- tolerances ------------------------------------------------------------------------------------------------
-// llama.cpp keeps K and V in F16 (and CPU flash attention also rounds Q to F16), i.e. a relative rounding of
-// <= 2^-11 = 4.9e-4 per element; the rest of the graph is F32 against our double. Through 2 layers, the output norm
-// and the head this gives logit differences of a few 1e-4 on logits of size ~3 (measured: see README). The bound
-// below is ~4x the worst observed case and ~100x below the effect of a wrong RoPE pairing, wrong positions or a mask.
-constexpr double k_logit_rel_tol = 2e-3;  // max |llama - ref| / max |ref|
+// Logits: t::logit_rel_tolerance (3e-3 of max |ref|), justified in tiny-model.h. Measured here: 4e-4 .. 8e-4; over
+// 40 seeds x both archs x FA on/off the worst was 1.0e-3. The sensitivity checks below demand effects of 0.02-0.1.
+constexpr double k_logit_rel_tol = t::logit_rel_tolerance;
 // Layer-0 K/V are one F16 rounding of a value computed in F32: |diff| <= 2^-11 |x| + F32 noise.
 constexpr double k_kv0_rel = 1.0 / 1024, k_kv0_abs = 1e-4;
 // Deeper layers also inherit the F16 rounding of earlier layers' attention.
@@ -333,7 +331,7 @@ TEST_P(TinyModel, WrongPositionsAreDetected) {
     }
     const diff_stats s = compare(last_logits(ctx.get(), m), t::reference_logits(m, p.tokens, doubled));
     std::printf("[%s] positions x2: rel diff %.3g\n", GetParam().c_str(), s.rel());
-    EXPECT_GT(s.rel(), 20 * k_logit_rel_tol);
+    EXPECT_GT(s.rel(), 0.1);
 
     // RoPE is relative: shifting every position by a constant changes nothing (up to rounding).
     std::vector<t::position> shifted = p.positions;
@@ -364,8 +362,8 @@ TEST_P(TinyModel, MaskChangesReferenceLogits) {
     const diff_stats s2 = compare(t::reference_logits(m, p.tokens, p.positions, one), full);
     std::printf("[%s] mask effect: rel %.3g (layer 0 head 1 keys 3..9), %.3g (one key)\n", GetParam().c_str(),
                 s1.rel(), s2.rel());
-    EXPECT_GT(s1.rel(), 10 * k_logit_rel_tol);
-    EXPECT_GT(s2.rel(), 2 * k_logit_rel_tol);
+    EXPECT_GT(s1.rel(), 0.05);
+    EXPECT_GT(s2.rel(), 0.02);
 
     // a mask changes deeper layers' K/V but never layer 0's
     const auto kv_full = t::reference_kv(m, p.tokens, p.positions);
@@ -461,7 +459,7 @@ TEST(TinyModelQwen2vl, ImageBlockMatchesReference) {
     }
     const diff_stats s = compare(t::reference_logits(m, p.tokens, flat), t::reference_logits(m, p.tokens, p.positions));
     std::printf("[qwen2vl image] y/x ignored: rel diff %.3g\n", s.rel());
-    EXPECT_GT(s.rel(), 10 * k_logit_rel_tol);
+    EXPECT_GT(s.rel(), 0.02);  // measured 0.04: y/x only move the low-frequency pairs of a 3-row image
 }
 
 TEST(TinyModelQwen2vl, ImageBlockCacheMatchesReferenceKV) {

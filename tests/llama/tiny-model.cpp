@@ -150,7 +150,7 @@ void set_tensor_data(ggml_tensor * t, void * ud) {
     } else if (t->type == GGML_TYPE_F16) {
         std::vector<ggml_fp16_t> h(static_cast<size_t>(n));
         for (int64_t i = 0; i < n; ++i) {
-            h[size_t(i)]  = ggml_fp32_to_fp16(tt.data[size_t(i)]);
+            h[size_t(i)]       = ggml_fp32_to_fp16(tt.data[size_t(i)]);
             tt.data[size_t(i)] = ggml_fp16_to_fp32(h[size_t(i)]);
         }
         ggml_backend_tensor_set(t, h.data(), 0, ggml_nbytes(t));
@@ -166,10 +166,8 @@ struct gguf_deleter {
 
 std::unique_ptr<gguf_context, gguf_deleter> make_metadata(const tiny_config & c) {
     std::unique_ptr<gguf_context, gguf_deleter> g(gguf_init_empty());
-    const std::string                           a = c.arch;
-    auto                                        k = [&](const char * key) {
-        return a + "." + key;
-    };
+    const std::string a = c.arch;
+    auto k = [&](const char * key) { return a + "." + key; };
 
     gguf_set_val_str(g.get(), "general.architecture", a.c_str());
     gguf_set_val_str(g.get(), "general.name", ("ecokv-tiny-" + a).c_str());

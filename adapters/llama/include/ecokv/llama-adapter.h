@@ -59,7 +59,8 @@ class prefill_state {
     uint64_t             kv_bytes_per_cell() const;  // K + V bytes of one cell over all layers
     int32_t              pos_max() const;            // largest position in the cache
 
-    // The state of a sequence holding only the kept entries of `sel` (every head keeps as many tokens).
+    // The state of a sequence holding only the kept entries of `sel`; heads keeping fewer tokens than the
+    // longest are padded (hide the padding with llama_set_kv_head_bias, patches/llama.cpp).
     std::vector<uint8_t> compacted(const selection & sel, llama_seq_id seq = 0) const;
 
   private:
@@ -72,6 +73,7 @@ struct compressed_cache {
     context_ptr          ctx;
     selection            sel;
     std::vector<uint8_t> state;                  // the compacted sequence state (restore it to reuse the cache)
+    std::vector<float>   bias;                   // per-head padding bias (non-uniform budgets), else empty
     int32_t              n_cells          = 0;   // cells holding kept entries
     uint64_t             kv_bytes_alloc   = 0;   // KV bytes allocated by the new context
     uint64_t             kv_bytes_kept    = 0;   // kept entries x bytes per entry
