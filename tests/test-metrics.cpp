@@ -66,13 +66,14 @@ TEST(metric_registry, evaluate_checks_its_items) {
               "metric ocrbench: item 1 has no type (the question category)");
 }
 
-// Every metric scores a perfect prediction above zero and a wrong one at zero (cider: one image gives 0, see
-// cider_one_image_is_zero, so two images here).
+// Every metric scores a perfect prediction above zero and a wrong one at zero (two images: one gives CIDEr 0,
+// see cider.one_image_is_zero; four answers: one gives VQA accuracy 0, see vqa.accuracy_over_leave_one_out).
 TEST(metric_registry, every_metric_runs) {
-    const std::vector<metric_item> right = { { "a red stop sign", { "a red stop sign" }, "Regular Text Recognition" },
-                                             { "two dogs", { "two dogs" }, "Regular Text Recognition" } };
-    const std::vector<metric_item> wrong = { { "zebra", { "a red stop sign" }, "Regular Text Recognition" },
-                                             { "cat", { "two dogs" }, "Regular Text Recognition" } };
+    const auto item = [](const char * pred, const char * answer) {
+        return metric_item{ pred, strings(4, answer), "Regular Text Recognition" };
+    };
+    const std::vector<metric_item> right = { item("a red stop sign", "a red stop sign"), item("two dogs", "two dogs") };
+    const std::vector<metric_item> wrong = { item("zebra", "a red stop sign"), item("cat", "two dogs") };
     for (const auto & m : ecokv::list_metrics()) {
         const ecokv::metric_result r = ecokv::evaluate(m.name, right);
         EXPECT_EQ(r.metric, m.name);
@@ -448,7 +449,7 @@ TEST(read_metric_items, errors_name_the_file_and_line) {
     EXPECT_EQ(err("{\"prediction\": \"a\", \"answers\": [\"a\"]}", "ocrbench"),
               ":1: missing \"type\" (the metric needs each item's question type)");
     EXPECT_EQ(err("{\"prediction\": \"a\", \"answers\": [\"a\"]"),
-              ":3: invalid JSON at column 38: syntax error while parsing object - unexpected end of input; "
+              ":3: invalid JSON at column 37: syntax error while parsing object - unexpected end of input; "
               "expected '}'");
 }
 

@@ -448,6 +448,14 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
         reference_layer_kv & kv = out.kv[size_t(il)];
         kv.k.resize(size_t(n_kv) * size_t(n) * size_t(d));
         kv.v.resize(kv.k.size());
+        kv.q.resize(size_t(c.n_head) * size_t(n) * size_t(d));
+        for (int32_t hh = 0; hh < c.n_head; ++hh) {
+            for (int32_t j = 0; j < n; ++j) {
+                for (int32_t e = 0; e < d; ++e) {
+                    kv.q[(size_t(hh) * size_t(n) + size_t(j)) * size_t(d) + size_t(e)] = float(q[size_t(j)][size_t(hh * d + e)]);
+                }
+            }
+        }
         for (int32_t g = 0; g < n_kv; ++g) {
             for (int32_t j = 0; j < n; ++j) {
                 for (int32_t e = 0; e < d; ++e) {

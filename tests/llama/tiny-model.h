@@ -98,7 +98,8 @@ using keep_fn = std::function<bool(int32_t layer, int32_t kv_head, int32_t query
 
 // K (after RoPE) and V of one layer, [n_head_kv][n_tokens][head_dim], the order of ecokv::llama::state_blob views.
 struct reference_layer_kv {
-    std::vector<float> k, v;
+    std::vector<float> k, v;  // [n_head_kv][n_tokens][head_dim], K after RoPE
+    std::vector<float> q;     // [n_head][n_tokens][head_dim], after RoPE
 };
 
 struct reference_output {
