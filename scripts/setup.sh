@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Installs what ecokv needs on Debian 12 (apt-get), builds it, and runs the main job on the bundled default:
-# a realistic synthetic capture compressed with SnapKV + ECOKV at budget 64.
+# Installs what ecokv needs on Debian 12 (apt-get), fetches the pinned llama.cpp 0.5.0 (npm package
+# node-llama-cpp@3.22.1, see scripts/fetch-llama.sh), builds everything, and runs the main job on the bundled
+# default: stories260K prefills a 410-token story, SnapKV + ECOKV compresses its KV cache to 64 entries per
+# head, and the answer is decoded from the smaller cache and compared with the full cache.
 #   scripts/setup.sh [--no-demo]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build git pkg-config libgtest-dev libgmock-dev libbenchmark-dev
           nlohmann-json3-dev libcxxopts-dev python3-numpy)
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)  # npm fetches the llama.cpp source
 
 missing=()
 for p in "${packages[@]}"; do
@@ -20,14 +23,13 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+bash scripts/fetch-llama.sh
 echo "== building (build/)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 
 [ "${1:-}" = "--no-demo" ] && exit 0
 
-echo "== main job: compress a synthetic 8-layer capture (2048 tokens, image tokens 64..1600) with snapkv+ecokv"
-build/bin/ecokv synth-capture --layers 8 --heads 16 --kv-heads 4 --head-dim 64 --tokens 2048 \
-    --image-tokens 64:1600 --seed 7 --output build/demo-capture.safetensors
-build/bin/ecokv compress --input build/demo-capture.safetensors --method snapkv+ecokv --budget 64 \
-    --output build/demo-selection.json
+echo "== main job: stories260K, a 410-token story, KV cache compressed to 64 entries per head with snapkv+ecokv"
+build/bin/ecokv run --model models/stories260K.gguf -f data/prompts/story.txt --method snapkv+ecokv --budget 64 \
+    -n 48 --compare-full

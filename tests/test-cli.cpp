@@ -1,5 +1,6 @@
 // The `ecokv` binary end to end: help and usage, synth-capture, compress, and every user error: exit status 1,
 // a message naming the file/option/tensor at fault on stderr, and no output file (nor temporary) left behind.
+#include "cli-util.h"
 #include "ecokv/ecokv.h"
 
 #include <gtest/gtest.h>
@@ -20,105 +21,8 @@
 
 namespace {
 
-namespace fs = std::filesystem;
-using json   = nlohmann::json;
-
-// ---------------------------------------------------------------------------------------------------------------
-// helpers
-
-class temp_dir {
-  public:
-    temp_dir() {
-        static std::atomic<int> counter{ 0 };
-        const auto *            info = ::testing::UnitTest::GetInstance()->current_test_info();
-        std::string             name = "ecokv-test-cli-" + std::to_string(::getpid()) + "-" +
-                           std::to_string(counter++) + "-" + (info ? info->name() : "x");
-        for (char & c : name) {
-            if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') {
-                c = '_';
-            }
-        }
-        path_ = fs::temp_directory_path() / name;
-        fs::remove_all(path_);
-        fs::create_directories(path_);
-    }
-    ~temp_dir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    temp_dir(const temp_dir &)             = delete;
-    temp_dir & operator=(const temp_dir &) = delete;
-
-    std::string operator/(const std::string & name) const { return (path_ / name).string(); }
-    const fs::path & path() const { return path_; }
-
-  private:
-    fs::path path_;
-};
-
-std::set<std::string> list_dir(const std::string & dir) {
-    std::set<std::string> out;
-    for (const auto & e : fs::directory_iterator(dir)) {
-        out.insert(e.path().filename().string());
-    }
-    return out;
-}
-
-std::string read_file(const std::string & path) {
-    std::ifstream      in(path, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-void write_file(const std::string & path, const std::string & bytes) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-}
-
-std::string quote(const std::string & s) {
-    std::string out = "'";
-    for (char c : s) {
-        if (c == '\'') {
-            out += "'\\''";
-        } else {
-            out += c;
-        }
-    }
-    return out + "'";
-}
-
-struct run_result {
-    int         code = -1;
-    std::string out;
-    std::string err;
-};
-
-// Runs the ecokv binary with `args` (each quoted), stdout and stderr captured in files under `io_dir`.
-run_result run_cli(const std::string & io_dir, const std::vector<std::string> & args) {
-    static std::atomic<int> n{ 0 };
-    const std::string       id  = std::to_string(n++);
-    const std::string       out = io_dir + "/stdout." + id, err = io_dir + "/stderr." + id;
-    std::string             cmd = quote(ECOKV_CLI);
-    for (const std::string & a : args) {
-        cmd += " " + quote(a);
-    }
-    cmd += " >" + quote(out) + " 2>" + quote(err) + " </dev/null";
-    const int  status = std::system(cmd.c_str());
-    run_result r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    r.out  = read_file(out);
-    r.err  = read_file(err);
-    return r;
-}
-
-std::string describe(const run_result & r) {
-    return "exit " + std::to_string(r.code) + "\n--- stdout:\n" + r.out + "--- stderr:\n" + r.err;
-}
-
-bool contains(const std::string & text, const std::string & part) {
-    return text.find(part) != std::string::npos;
-}
+using namespace ecokv::test;
+using json = nlohmann::json;
 
 // The capture every compress test reads: L 2, H 4, Hkv 2, D 8, Dv 8, T 96, Nq 32.
 constexpr int32_t k_layers = 2, k_heads = 4, k_kv_heads = 2, k_dim = 8, k_tokens = 96, k_queries = 32;

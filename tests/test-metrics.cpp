@@ -28,7 +28,8 @@ const std::string k_data = std::string(ECOKV_TEST_DATA) + "/metrics";
 const std::string k_hme  = "Handwritten Mathematical Expression Recognition";
 
 // Runs `f` and returns the ecokv::error message it throws ("" when it throws nothing).
-template <typename F> std::string error_of(F && f) {
+template <typename F>
+std::string error_of(F && f) {
     try {
         f();
     } catch (const ecokv::error & e) {
@@ -91,7 +92,7 @@ TEST(exact, strips_and_lower_cases_then_takes_the_max) {
     EXPECT_EQ(exact_match("  Paris\n", strings{ "paris" }), 1.0);
     EXPECT_EQ(exact_match("PARIS", strings{ "Lyon", "paris " }), 1.0);
     EXPECT_EQ(exact_match("Paris.", strings{ "paris" }), 0.0);  // no punctuation handling
-    EXPECT_EQ(exact_match("ÉCOLE", strings{ "école" }), 1.0);    // Python's lower() is Unicode
+    EXPECT_EQ(exact_match("ÉCOLE", strings{ "école" }), 1.0);   // Python's lower() is Unicode
     const std::vector<metric_item> items = { { "a", { "a" }, "" }, { "b", { "c" }, "" }, { "C", { "c" }, "" } };
     EXPECT_DOUBLE_EQ(ecokv::evaluate("exact", items).score, 2.0 / 3.0);
 }
@@ -108,7 +109,7 @@ TEST(relaxed, python_float_reads_what_python_reads) {
     EXPECT_EQ(python_float("1E+2"), 100.0);
     EXPECT_EQ(python_float("-Infinity"), -std::numeric_limits<double>::infinity());
     EXPECT_EQ(python_float("1e400"), std::numeric_limits<double>::infinity());  // overflow: inf, no error
-    EXPECT_EQ(python_float("-1e-400"), 0.0);                                     // underflow: -0.0
+    EXPECT_EQ(python_float("-1e-400"), 0.0);                                    // underflow: -0.0
     EXPECT_TRUE(std::isnan(*python_float("nan")));
     EXPECT_EQ(python_float("\u0663"), 3.0);  // ARABIC-INDIC DIGIT THREE
     for (const char * bad : { "", ".", "1__000", "_1", "1_", "1e", "1,000", "12%", "0x10", "1 2", "abc", "in f" }) {
@@ -135,12 +136,12 @@ TEST(relaxed, percent_signs_divide_by_100) {
 
 TEST(relaxed, strings_and_zero_targets_compare_as_text) {
     using ecokv::metrics::relaxed_correctness;
-    EXPECT_TRUE(relaxed_correctness("Yes", "yes"));   // case-insensitive
-    EXPECT_TRUE(relaxed_correctness(" 7 ", "7"));     // the prediction is stripped (Qwen-VL's caller)...
+    EXPECT_TRUE(relaxed_correctness("Yes", "yes"));    // case-insensitive
+    EXPECT_TRUE(relaxed_correctness(" 7 ", "7"));      // the prediction is stripped (Qwen-VL's caller)...
     EXPECT_FALSE(relaxed_correctness("yes", " yes"));  // ...the target is not
-    EXPECT_FALSE(relaxed_correctness("0.0", "0"));    // a zero target is falsy: "0.0" != "0" as text
+    EXPECT_FALSE(relaxed_correctness("0.0", "0"));     // a zero target is falsy: "0.0" != "0" as text
     EXPECT_TRUE(relaxed_correctness("0", "0"));
-    EXPECT_FALSE(relaxed_correctness("nan", "nan"));  // NaN is truthy, and nan <= 0.05 is false
+    EXPECT_FALSE(relaxed_correctness("nan", "nan"));     // NaN is truthy, and nan <= 0.05 is false
     EXPECT_FALSE(relaxed_correctness("1,000", "1000"));  // float("1,000") raises: text comparison
     EXPECT_EQ(ecokv::metrics::relaxed_accuracy("41", strings{ "abc", "40" }), 1.0);  // 1/40 = 0.025
 }
@@ -155,15 +156,15 @@ TEST(vqa, normalisation_of_the_evalai_processor) {
     EXPECT_EQ(vqa_normalize("None"), "0");
     EXPECT_EQ(vqa_normalize("dont"), "don't");  // contractions table
     EXPECT_EQ(vqa_normalize("whats"), "what's");
-    EXPECT_EQ(vqa_normalize("it's"), "it 's");  // "'s" is split off before anything else...
-    EXPECT_EQ(vqa_normalize("what's"), "what 's");  // ...so "what's" and "whats" differ, as in EvalAI
-    EXPECT_EQ(vqa_normalize("1,000"), "1000");  // commas are deleted: digit,digit keeps the number
-    EXPECT_EQ(vqa_normalize("a,b"), "ab");      // and words merge (vqaEval.py alone would give "a b")
-    EXPECT_EQ(vqa_normalize("x-y"), "x y");     // punctuation inside a word becomes a space...
-    EXPECT_EQ(vqa_normalize("x - y"), "x y");   // ...and is deleted when next to a space
+    EXPECT_EQ(vqa_normalize("it's"), "it 's");           // "'s" is split off before anything else...
+    EXPECT_EQ(vqa_normalize("what's"), "what 's");       // ...so "what's" and "whats" differ, as in EvalAI
+    EXPECT_EQ(vqa_normalize("1,000"), "1000");           // commas are deleted: digit,digit keeps the number
+    EXPECT_EQ(vqa_normalize("a,b"), "ab");               // and words merge (vqaEval.py alone would give "a b")
+    EXPECT_EQ(vqa_normalize("x-y"), "x y");              // punctuation inside a word becomes a space...
+    EXPECT_EQ(vqa_normalize("x - y"), "x y");            // ...and is deleted when next to a space
     EXPECT_EQ(vqa_normalize("red (dark)"), "red dark");  // " (" deletes '(', ')' becomes a space
-    EXPECT_EQ(vqa_normalize("3.5"), "3.5");  // a period before a digit stays
-    EXPECT_EQ(vqa_normalize("a.b"), "ab");   // any other period goes
+    EXPECT_EQ(vqa_normalize("3.5"), "3.5");              // a period before a digit stays
+    EXPECT_EQ(vqa_normalize("a.b"), "ab");               // any other period goes
     EXPECT_EQ(vqa_normalize("1.2.3."), "1.2.3");
     EXPECT_EQ(vqa_normalize("What is it? It's a dog!"), "what is it it 's dog");
 }
@@ -192,7 +193,7 @@ TEST(vqa, accuracy_over_leave_one_out_subsets) {
     EXPECT_DOUBLE_EQ(vqa_accuracy("Two dogs.", answers(4)), 1.0);  // (4 * 1 + 6 * 1) / 10
     // Fewer than 10 answers: the same formula over what is there.
     EXPECT_DOUBLE_EQ(vqa_accuracy("yes", strings{ "yes", "yes", "yes" }), 2.0 / 3.0);  // each subset: 2 matches
-    EXPECT_DOUBLE_EQ(vqa_accuracy("yes", strings{ "yes" }), 0.0);  // the only subset is empty
+    EXPECT_DOUBLE_EQ(vqa_accuracy("yes", strings{ "yes" }), 0.0);                      // the only subset is empty
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -258,7 +259,8 @@ TEST(ptb_tokenize, splits_and_filters_like_corenlp) {
     using ecokv::metrics::ptb_tokenize;
     EXPECT_EQ(ptb_tokenize("A man's hat."), (strings{ "a", "man", "'s", "hat" }));
     EXPECT_EQ(ptb_tokenize("Don't stop!"), (strings{ "do", "n't", "stop" }));
-    EXPECT_EQ(ptb_tokenize("It\u2019s 5:30 p.m. in the U.S."), (strings{ "it", "'s", "5:30", "p.m.", "in", "the", "u.s." }));
+    EXPECT_EQ(ptb_tokenize("It\u2019s 5:30 p.m. in the U.S."),
+              (strings{ "it", "'s", "5:30", "p.m.", "in", "the", "u.s." }));
     EXPECT_EQ(ptb_tokenize("A \"STOP\" sign (red)"), (strings{ "a", "stop", "sign", "-lrb-", "red", "-rrb-" }));
     EXPECT_EQ(ptb_tokenize("e-mail, 1,000 dollars; $5 - 50% off..."),
               (strings{ "e-mail", "1,000", "dollars", "$", "5", "50", "%", "off" }));
@@ -340,19 +342,65 @@ TEST(cider, punctuation_and_case_are_tokenized_away) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// robustness: arbitrary bytes (invalid UTF-8 included) through every per-item function
+
+TEST(metrics_robustness, random_text_never_breaks_a_metric) {
+    const std::vector<std::string> atoms = { "a", "B", "7", ".", ",", "'", "\"", "-", "--", "...", "(", ")", "<b>",
+                                             "n't", "'s", " ", "\n", "\t", "%", "$", "/", "\\", "|", "_", "e.g.",
+                                             "\xC3\xA9", "\xE2\x80\x99", "\xE2\x80\x94", "\xF0\x9F\x98\x80",
+                                             "\xFF", "\xC3", "\xED\xA0\x80", "inf", "1e400", "_1" };
+    uint64_t state = 12345;
+    const auto next = [&] {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        return size_t(state >> 33);
+    };
+    const auto text = [&] {
+        std::string s;
+        for (size_t k = next() % 12; k > 0; --k) {
+            s += atoms[next() % atoms.size()];
+        }
+        return s;
+    };
+    std::vector<metric_item> items;
+    for (int i = 0; i < 500; ++i) {
+        const std::string pred = text();
+        const strings     answers = { text(), text() };
+        for (const std::string & t : ecokv::metrics::ptb_tokenize(pred)) {
+            EXPECT_FALSE(t.empty()) << pred;
+            EXPECT_EQ(t.find_first_of(" \t\n"), std::string::npos) << pred;
+        }
+        const double a = ecokv::metrics::anls(pred, answers);
+        EXPECT_TRUE(a == 0.0 || (a >= 0.5 && a <= 1.0)) << pred;
+        const double v = ecokv::metrics::vqa_accuracy(pred, answers);
+        EXPECT_TRUE(v >= 0.0 && v <= 1.0) << pred;
+        const double r = ecokv::metrics::rouge_l(pred, answers);
+        EXPECT_TRUE(r >= 0.0 && r <= 1.0) << pred;
+        ecokv::metrics::relaxed_accuracy(pred, answers);
+        ecokv::metrics::exact_match(pred, answers);
+        ecokv::metrics::ocrbench_correct(pred, answers, i % 2 ? k_hme : "Doc-oriented VQA");
+        items.push_back({ pred, answers, "Doc-oriented VQA" });
+    }
+    for (double c : ecokv::metrics::cider_d(items)) {
+        EXPECT_TRUE(std::isfinite(c) && c >= 0.0) << c;
+    }
+    // Results with arbitrary type names still print as valid JSON.
+    EXPECT_NO_THROW(json::parse(ecokv::metric_result_json(ecokv::evaluate("ocrbench", items))));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // golden cases from tests/data/metrics/reference.py
 
 TEST(metrics_golden, agree_with_the_python_reference) {
     std::ifstream in(k_data + "/golden.jsonl");
     ASSERT_TRUE(in) << "missing " << k_data << "/golden.jsonl";
-    std::vector<metric_item> captions;
-    std::vector<double>      cider_want;
+    std::vector<metric_item>   captions;
+    std::vector<double>        cider_want;
     std::map<std::string, int> counts;
-    std::string line;
+    std::string                line;
     for (int line_no = 1; std::getline(in, line); ++line_no) {
-        const json        j = json::parse(line);
-        const std::string metric = j["metric"];
-        const std::string pred   = j["prediction"];
+        const json        j       = json::parse(line);
+        const std::string metric  = j["metric"];
+        const std::string pred    = j["prediction"];
         const strings     answers = j["answers"];
         const double      want    = j["score"];
         counts[metric] += 1;
@@ -419,11 +467,11 @@ class temp_dir {
 
 TEST(read_metric_items, reads_answers_types_and_skips_blank_lines) {
     temp_dir          d;
-    const std::string p = d.write("a.jsonl",
-                                  "{\"prediction\": \"x\", \"answers\": [\"a\", \"b\"], \"id\": 7}\n"
-                                  "\n   \n"
-                                  "{\"prediction\": \"y\", \"answers\": \"c\", \"type\": \"T\"}\r\n");
-    const auto items = ecokv::read_metric_items(p);
+    const std::string p     = d.write("a.jsonl",
+                                      "{\"prediction\": \"x\", \"answers\": [\"a\", \"b\"], \"id\": 7}\n"
+                                          "\n   \n"
+                                          "{\"prediction\": \"y\", \"answers\": \"c\", \"type\": \"T\"}\r\n");
+    const auto        items = ecokv::read_metric_items(p);
     ASSERT_EQ(items.size(), 2u);
     EXPECT_EQ(items[0].prediction, "x");
     EXPECT_EQ(items[0].answers, (strings{ "a", "b" }));
@@ -433,7 +481,7 @@ TEST(read_metric_items, reads_answers_types_and_skips_blank_lines) {
 }
 
 TEST(read_metric_items, errors_name_the_file_and_line) {
-    temp_dir d;
+    temp_dir   d;
     const auto err = [&](const std::string & body, std::string_view metric = {}) {
         const std::string p = d.write("bad.jsonl", "{\"prediction\": \"ok\", \"answers\": [\"ok\"]}\n\n" + body + "\n");
         return error_of([&] { ecokv::read_metric_items(p, metric); }).substr(p.size());
@@ -456,9 +504,11 @@ TEST(read_metric_items, errors_name_the_file_and_line) {
 TEST(read_metric_items, missing_empty_and_unknown) {
     temp_dir          d;
     const std::string missing = d.path() + "/none.jsonl";
-    EXPECT_EQ(error_of([&] { ecokv::read_metric_items(missing); }), missing + ": cannot open: No such file or directory");
+    EXPECT_EQ(error_of([&] { ecokv::read_metric_items(missing); }),
+              missing + ": cannot open: No such file or directory");
     const std::string empty = d.write("empty.jsonl", "\n\n");
-    EXPECT_EQ(error_of([&] { ecokv::read_metric_items(empty); }), empty + ": no items (expected one JSON object per line)");
+    EXPECT_EQ(error_of([&] { ecokv::read_metric_items(empty); }),
+              empty + ": no items (expected one JSON object per line)");
     const std::string ok = d.write("ok.jsonl", "{\"prediction\": \"a\", \"answers\": \"a\"}\n");
     EXPECT_EQ(error_of([&] { ecokv::read_metric_items(ok, "nope"); }),
               "unknown metric 'nope'; known: exact, relaxed, vqa, anls, cider, rougel, ocrbench");
@@ -545,8 +595,9 @@ TEST(metric_cli, list_and_help) {
 
 TEST(metric_cli, errors_exit_1_with_a_message_and_no_output) {
     temp_dir          d;
-    const std::string bad = d.write("bad.jsonl", "{\"prediction\": \"a\", \"answers\": [\"a\"]}\n{\"prediction\": \"b\"}\n");
-    const std::string ok  = k_data + "/vqa-mini.jsonl";
+    const std::string bad =
+        d.write("bad.jsonl", "{\"prediction\": \"a\", \"answers\": [\"a\"]}\n{\"prediction\": \"b\"}\n");
+    const std::string                                  ok    = k_data + "/vqa-mini.jsonl";
     const std::vector<std::pair<strings, std::string>> cases = {
         { { "--metric", "bleu", "--input", ok },
           "ecokv metric: error: unknown metric 'bleu'; known: exact, relaxed, vqa, anls, cider, rougel, ocrbench\n" },

@@ -50,8 +50,8 @@ double metrics::anls(std::string_view prediction, std::span<const std::string> a
     for (const std::string & a : answers) {
         const std::u32string ans_raw = utf8_decode(a);
         const size_t         length  = std::max(ans_raw.size(), pred_raw.size());
-        const double nl = length == 0 ? 0.0 : double(levenshtein(collapse(ans_raw), det)) / double(length);
-        min_nl          = std::min(min_nl, nl);
+        const double         nl      = length == 0 ? 0.0 : double(levenshtein(collapse(ans_raw), det)) / double(length);
+        min_nl                       = std::min(min_nl, nl);
     }
     const double result = 1.0 - min_nl;
     return result < 0.5 ? 0.0 : result;

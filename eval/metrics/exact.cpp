@@ -19,7 +19,8 @@ double metrics::exact_match(std::string_view prediction, std::span<const std::st
 }
 
 metric_result detail::score_exact(std::span<const metric_item> items) {
-    return mean_over_items(items, [](const metric_item & it) { return metrics::exact_match(it.prediction, it.answers); });
+    return mean_over_items(items,
+                           [](const metric_item & it) { return metrics::exact_match(it.prediction, it.answers); });
 }
 
 }  // namespace ecokv

@@ -20,7 +20,8 @@ metric_result score_rougel(std::span<const metric_item> items);
 metric_result score_ocrbench(std::span<const metric_item> items);
 
 // Mean of per-item scores, summed in item order as the evaluators' sum(...) / len(...) does.
-template <typename F> metric_result mean_over_items(std::span<const metric_item> items, F && per_item) {
+template <typename F>
+metric_result mean_over_items(std::span<const metric_item> items, F && per_item) {
     metric_result r;
     double        sum = 0;
     for (const metric_item & it : items) {

@@ -58,16 +58,17 @@ kind classify(char32_t c) {
         c == 0x2026) {
         return kind::other;
     }
-    if ((c >= 0x80 && c <= 0x9F) || (c >= 0x2000 && c <= 0x206F && !(c >= 0x2020 && c <= 0x2023) &&
-                                      !(c >= 0x2030 && c <= 0x2038) && c != 0x2044 && c != 0x2010 && c != 0x2011) ||
+    if ((c >= 0x80 && c <= 0x9F) ||
+        (c >= 0x2000 && c <= 0x206F && !(c >= 0x2020 && c <= 0x2023) && !(c >= 0x2030 && c <= 0x2038) && c != 0x2044 &&
+         c != 0x2010 && c != 0x2011) ||
         (c >= 0x2400 && c <= 0x25FF) || (c >= 0x2700 && c <= 0x2BFF) || (c >= 0x3001 && c <= 0x303F && c != 0x3012)) {
         return kind::deleted;
     }
-    if ((c >= 0xA1 && c <= 0xBF && c != 0xAA && c != 0xAD) || c == 0xD7 || c == 0xF7 ||
-        (c >= 0x2010 && c <= 0x2011) || (c >= 0x2020 && c <= 0x2023) || (c >= 0x2030 && c <= 0x2038) ||
-        (c >= 0x2044 && c <= 0x2044) || (c >= 0x2070 && c <= 0x23FF) || (c >= 0x2600 && c <= 0x26FF) ||
-        c == 0x3012 || c == 0x30FB || (c >= 0xFF01 && c <= 0xFF0F) || (c >= 0xFF1A && c <= 0xFF20) ||
-        (c >= 0xFF3B && c <= 0xFF40) || (c >= 0xFF5B && c <= 0xFF65)) {
+    if ((c >= 0xA1 && c <= 0xBF && c != 0xAA && c != 0xAD) || c == 0xD7 || c == 0xF7 || (c >= 0x2010 && c <= 0x2011) ||
+        (c >= 0x2020 && c <= 0x2023) || (c >= 0x2030 && c <= 0x2038) || (c >= 0x2044 && c <= 0x2044) ||
+        (c >= 0x2070 && c <= 0x23FF) || (c >= 0x2600 && c <= 0x26FF) || c == 0x3012 || c == 0x30FB ||
+        (c >= 0xFF01 && c <= 0xFF0F) || (c >= 0xFF1A && c <= 0xFF20) || (c >= 0xFF3B && c <= 0xFF40) ||
+        (c >= 0xFF5B && c <= 0xFF65)) {
         return kind::symbol;
     }
     return kind::letter;
@@ -119,21 +120,23 @@ size_t redaux(std::u32string_view s, size_t i) {
 // the capitalised ones, whose first letter is a character class in the lexer.
 bool is_abbreviation(std::u32string_view word) {
     static const std::array<std::string_view, 118> k_caseless = {
-        "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "mon", "tue", "tues",
-        "wed", "thu", "thurs", "fri", "ala", "ariz", "calif", "colo", "conn", "dak", "del", "fla", "ga", "ind",
-        "kan", "kans", "ky", "la", "md", "mich", "minn", "mo", "mont", "neb", "nev", "okla", "pa", "penn", "tenn",
-        "tex", "va", "vt", "wis", "wisc", "wyo", "inc", "co", "cos", "corp", "pty", "ptys", "ppty", "pptys", "ltd",
-        "plc", "bancorp", "dept", "bhd", "assn", "univ", "intl", "sys", "no", "nos", "prop", "ph", "tel", "est",
-        "ext", "sq", "ft", "jr", "sr", "bros", "blvd", "rd", "esq", "etc", "al", "seq", "mr", "mrs", "ms", "dr",
-        "drs", "prof", "profs", "sen", "sens", "rep", "reps", "atty", "attys", "lt", "col", "gen", "messrs", "gov",
-        "govs", "adm", "rev", "maj", "sgt", "cpl", "pvt", "mt", "capt", "st", "ste", "ave", "pres", "lieut", "hon",
+        "jan",     "feb",   "mar",  "apr",  "jun",  "jul",    "aug",  "sep",   "sept",  "oct",   "nov",  "dec",
+        "mon",     "tue",   "tues", "wed",  "thu",  "thurs",  "fri",  "ala",   "ariz",  "calif", "colo", "conn",
+        "dak",     "del",   "fla",  "ga",   "ind",  "kan",    "kans", "ky",    "la",    "md",    "mich", "minn",
+        "mo",      "mont",  "neb",  "nev",  "okla", "pa",     "penn", "tenn",  "tex",   "va",    "vt",   "wis",
+        "wisc",    "wyo",   "inc",  "co",   "cos",  "corp",   "pty",  "ptys",  "ppty",  "pptys", "ltd",  "plc",
+        "bancorp", "dept",  "bhd",  "assn", "univ", "intl",   "sys",  "no",    "nos",   "prop",  "ph",   "tel",
+        "est",     "ext",   "sq",   "ft",   "jr",   "sr",     "bros", "blvd",  "rd",    "esq",   "etc",  "al",
+        "seq",     "mr",    "mrs",  "ms",   "dr",   "drs",    "prof", "profs", "sen",   "sens",  "rep",  "reps",
+        "atty",    "attys", "lt",   "col",  "gen",  "messrs", "gov",  "govs",  "adm",   "rev",   "maj",  "sgt",
+        "cpl",     "pvt",   "mt",   "capt", "st",   "ste",    "ave",  "pres",  "lieut", "hon",
     };
     static const std::array<std::string_view, 20> k_caseless2 = {
-        "brig", "cmdr", "comdr", "pfc", "spc", "supt", "supts", "det", "vs", "alex", "wm", "jos", "cie", "cf",
-        "treas", "invt", "elec", "natl", "mfg", "mtg",
+        "brig", "cmdr", "comdr", "pfc", "spc",   "supt", "supts", "det",  "vs",  "alex",
+        "wm",   "jos",  "cie",   "cf",  "treas", "invt", "elec",  "natl", "mfg", "mtg",
     };
     static const std::array<std::string_view, 6> k_capitalised = { "Ark", "Ill", "Mass", "Miss", "Ore", "Wash" };
-    const std::string lower = utf8_encode(py_lower(word));
+    const std::string                            lower         = utf8_encode(py_lower(word));
     for (std::string_view a : k_caseless) {
         if (lower == a) {
             return true;
@@ -153,8 +156,8 @@ bool is_abbreviation(std::u32string_view word) {
 }
 
 struct match {
-    size_t         length  = 0;  // for the longest-match rule: trailing context included
-    size_t         consume = 0;  // characters taken by the token
+    size_t         length  = 0;        // for the longest-match rule: trailing context included
+    size_t         consume = 0;        // characters taken by the token
     int            rule    = 1 << 20;  // order in PTBLexer.flex: the earlier wins a tie
     std::u32string text;
 };
@@ -192,8 +195,8 @@ match scan_word(std::u32string_view s, size_t i) {
         consider(best, 3, 3, 3, U"n't");
     }
     // {APOWORD}: vowel'vowel words (ma'am) and [A-HJ-XZn]'xx... (O'Neil).
-    if (w >= 2 && i + w + 1 < n && std::u32string_view(U"aeiouyAEIOUY").find(s[i + w - 1]) != std::u32string_view::npos &&
-        is_apos_etc(s[i + w]) &&
+    if (w >= 2 && i + w + 1 < n &&
+        std::u32string_view(U"aeiouyAEIOUY").find(s[i + w - 1]) != std::u32string_view::npos && is_apos_etc(s[i + w]) &&
         (std::u32string_view(U"aeiou").find(s[i + w + 1]) != std::u32string_view::npos ||
          (s[i + w + 1] >= U'A' && s[i + w + 1] <= U'Z'))) {
         const size_t len = w + 2 + run(s, i + w + 2, is_letter);
@@ -206,7 +209,7 @@ match scan_word(std::u32string_view s, size_t i) {
     }
     // {LIKELYURL}: www.x.y or x.y.com|net|org|edu, segments of letters, digits, '-' and '_'.
     {
-        const auto seg = [](char32_t c) { return is_ascii_alnum(c) || c == U'-' || c == U'_'; };
+        const auto          seg = [](char32_t c) { return is_ascii_alnum(c) || c == U'-' || c == U'_'; };
         std::vector<size_t> ends;
         size_t              j = i;
         while (true) {
@@ -227,8 +230,8 @@ match scan_word(std::u32string_view s, size_t i) {
         for (size_t k = ends.size(); k >= 2; --k) {
             const size_t         start_last = (k >= 2 ? ends[k - 2] + 1 : i);
             const std::u32string last       = py_lower(s.substr(start_last, ends[k - 1] - start_last));
-            const bool tld = last == U"com" || last == U"net" || last == U"org" || last == U"edu";
-            const bool www = iequal(s, i, "www.") && k >= 3 && last.size() >= 2 && last.size() <= 4 &&
+            const bool           tld        = last == U"com" || last == U"net" || last == U"org" || last == U"edu";
+            const bool           www        = iequal(s, i, "www.") && k >= 3 && last.size() >= 2 && last.size() <= 4 &&
                              run(last, 0, is_ascii_alpha) == last.size();
             if (tld || www) {
                 consider(best, ends[k - 1] - i, ends[k - 1] - i, 5, sub(ends[k - 1] - i));
@@ -259,7 +262,7 @@ match scan_word(std::u32string_view s, size_t i) {
             }
             return k;
         };
-        size_t j = part(i);
+        size_t j       = part(i);
         int    slashes = 0;
         while (slashes < 2 && j + 1 < n && s[j] == U'/' && part(j + 1) > j + 1) {
             j = part(j + 1);
@@ -287,7 +290,8 @@ match scan_word(std::u32string_view s, size_t i) {
         }
     }
     // {WORD}\./{INSENTP}: "etc.," keeps its period before , ; :
-    if (w > 0 && i + w + 1 < n && s[i + w] == U'.' && std::u32string_view(U",;:").find(s[i + w + 1]) != std::u32string_view::npos) {
+    if (w > 0 && i + w + 1 < n && s[i + w] == U'.' &&
+        std::u32string_view(U",;:").find(s[i + w + 1]) != std::u32string_view::npos) {
         consider(best, w + 2, w + 1, 11, sub(w + 1));
     }
     // {HTHING} = [A-Za-z0-9][A-Za-z0-9.,]*(-[A-Za-z0-9]+)+
@@ -308,8 +312,9 @@ match scan_word(std::u32string_view s, size_t i) {
     // {THING} = (d'x)? alnum+ ({HYPHEN} (d'x)? alnum+)*, HYPHEN = [-_\u058A\u2010\u2011].
     {
         const auto piece = [&](size_t j) {
+            // The prefix d' (o', l') counts only before at least two letters or digits: d'x is d, then 'x.
             if (j + 2 < n && std::u32string_view(U"dDoOlL").find(s[j]) != std::u32string_view::npos &&
-                is_apos_etc(s[j + 1]) && is_alnum(s[j + 2])) {
+                is_apos_etc(s[j + 1]) && run(s, j + 2, is_alnum) >= 2) {
                 j += 2;
             }
             return j + run(s, j, is_alnum);
@@ -353,9 +358,10 @@ match scan_quote(std::u32string_view s, size_t i) {
     const size_t n = s.size();
     // QUOTES, converted as latexQuotes(tok, probablyLeft = false).
     {
-        // QUOTES = {APOS} | '' | [`\u2018-\u201F\u0091-\u0094\u2039\u203A\u00AB\u00BB]{1,2}: ASCII ' pairs only with itself.
-        const bool   pair = i + 1 < n && (s[i] == U'\'' ? s[i + 1] == U'\'' : (is_quote(s[i + 1]) && s[i + 1] != U'\''));
-        const size_t len  = pair ? 2 : 1;
+        // QUOTES = {APOS} | '' | [`\u2018-\u201F\u0091-\u0094\u2039\u203A\u00AB\u00BB]{1,2}:
+        // an ASCII ' pairs only with itself.
+        const bool pair = i + 1 < n && (s[i] == U'\'' ? s[i + 1] == U'\'' : (is_quote(s[i + 1]) && s[i + 1] != U'\''));
+        const size_t   len = pair ? 2 : 1;
         std::u32string text;
         for (size_t k = i; k < i + len; ++k) {
             const char32_t c = s[k];
@@ -394,7 +400,8 @@ match scan_quote(std::u32string_view s, size_t i) {
                 consider(best, len, len, 4, std::u32string(s.substr(i, len)));
             }
         }
-        if (i + 3 < n && s[i + 1] >= U'2' && s[i + 1] <= U'9' && s[i + 2] == U'0' && (s[i + 3] == U's' || s[i + 3] == U'S')) {
+        if (i + 3 < n && s[i + 1] >= U'2' && s[i + 1] <= U'9' && s[i + 2] == U'0' &&
+            (s[i + 3] == U's' || s[i + 3] == U'S')) {
             consider(best, 4, 4, 4, std::u32string(s.substr(i, 4)));
         }
     }
@@ -403,13 +410,21 @@ match scan_quote(std::u32string_view s, size_t i) {
 
 // Punctuation and symbols: one token each, with PTB's escapes and normalisations.
 match scan_symbol(std::u32string_view s, size_t i) {
-    const size_t   n = s.size();
-    const char32_t c = s[i];
-    const auto     same_run = [&](char32_t ch) { size_t j = i; while (j < n && s[j] == ch) ++j; return j - i; };
+    const size_t   n        = s.size();
+    const char32_t c        = s[i];
+    const auto     same_run = [&](char32_t ch) {
+        size_t j = i;
+        while (j < n && s[j] == ch)
+            ++j;
+        return j - i;
+    };
     switch (c) {
         case U'"': return { 1, 1, 0, U"''" };
-        case U'(': case U'[': return { 1, 1, 0, U"-LRB-" };
-        case U')': case U']': case U'>': return { 1, 1, 0, U"-RRB-" };
+        case U'(':
+        case U'[': return { 1, 1, 0, U"-LRB-" };
+        case U')':
+        case U']':
+        case U'>': return { 1, 1, 0, U"-RRB-" };
         case U'{': return { 1, 1, 0, U"-LCB-" };
         case U'}': return { 1, 1, 0, U"-RCB-" };
         case U'<': {  // {SGML} = <\/?[A-Za-z!][^>]*>, else a bracket
@@ -430,22 +445,34 @@ match scan_symbol(std::u32string_view s, size_t i) {
             const size_t len = same_run(U'.');
             return { len, len, 0, len >= 3 ? U"..." : U"." };
         }
-        case U'?': case U'!': {
+        case U'?':
+        case U'!': {
             size_t j = i;
             while (j < n && (s[j] == U'?' || s[j] == U'!')) {
                 ++j;
             }
             return { j - i, j - i, 0, std::u32string(s.substr(i, j - i)) };
         }
-        case U'*': case U'@': case U'#': case U'_': {
+        case U'*':
+        case U'@':
+        case U'#':
+        case U'_': {
             const size_t len = same_run(c);
             return { len, len, 0, std::u32string(s.substr(i, len)) };
         }
-        case 0x85: case 0x2026: return { 1, 1, 0, U"..." };
-        case 0x96: case 0x97: case 0x2013: case 0x2014: case 0x2015: return { 1, 1, 0, U"--" };
+        case 0x85:
+        case 0x2026: return { 1, 1, 0, U"..." };
+        case 0x96:
+        case 0x97:
+        case 0x2013:
+        case 0x2014:
+        case 0x2015: return { 1, 1, 0, U"--" };
         case 0xA2: return { 1, 1, 0, U"cents" };
         case 0xA3: return { 1, 1, 0, U"#" };
-        case 0x80: case 0xA4: case 0x20A0: case 0x20AC: return { 1, 1, 0, U"$" };
+        case 0x80:
+        case 0xA4:
+        case 0x20A0:
+        case 0x20AC: return { 1, 1, 0, U"$" };
         case 0xBC: return { 1, 1, 0, U"1/4" };
         case 0xBD: return { 1, 1, 0, U"1/2" };
         case 0xBE: return { 1, 1, 0, U"3/4" };
@@ -454,8 +481,8 @@ match scan_symbol(std::u32string_view s, size_t i) {
 }
 
 bool filtered(const std::u32string & tok) {
-    static const std::array<std::u32string_view, 13> k_punct = { U"''", U"'", U"``", U"`", U".", U"?", U"!",
-                                                                  U",", U":", U"-", U"--", U"...", U";" };
+    static const std::array<std::u32string_view, 13> k_punct = { U"''", U"'", U"``", U"`",  U".",   U"?", U"!",
+                                                                 U",",  U":", U"-",  U"--", U"...", U";" };
     return std::find(k_punct.begin(), k_punct.end(), std::u32string_view(tok)) != k_punct.end();
 }
 
@@ -475,8 +502,8 @@ std::vector<std::string> metrics::ptb_tokenize(std::string_view caption) {
             ++i;
             continue;
         }
-        const bool signed_number = (s[i] == U'-' || s[i] == U'+' || s[i] == U'.') && i + 1 < s.size() &&
-                                   is_ascii_digit(s[i + 1]);
+        const bool signed_number =
+            (s[i] == U'-' || s[i] == U'+' || s[i] == U'.') && i + 1 < s.size() && is_ascii_digit(s[i + 1]);
         match m;
         if (k == kind::letter || signed_number) {
             m = scan_word(s, i);

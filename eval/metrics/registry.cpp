@@ -17,8 +17,7 @@ struct metric_entry {
 const std::vector<metric_entry> & registry() {
     static const std::vector<metric_entry> entries = {
         { { "exact", "exact match after strip() and lower(), max over the answers", false }, detail::score_exact },
-        { { "relaxed", "ChartQA relaxed accuracy: numbers within 5% (lmms-eval / Qwen-VL relaxed_correctness)",
-            false },
+        { { "relaxed", "ChartQA relaxed accuracy: numbers within 5% (lmms-eval / Qwen-VL relaxed_correctness)", false },
           detail::score_relaxed },
         { { "vqa", "TextVQA/VQAv2 accuracy: EvalAI normalisation, min(1, matches/3) over leave-one-out subsets",
             false },
@@ -27,8 +26,7 @@ const std::vector<metric_entry> & registry() {
         { { "cider", "TextCaps CIDEr-D (pycocoevalcap Cider on PTB tokens, corpus idf, x10)", false },
           detail::score_cider },
         { { "rougel", "ROUGE-L F (pycocoevalcap Rouge, beta 1.2, on PTB tokens)", false }, detail::score_rougel },
-        { { "ocrbench", "OCRBench accuracy: answer contained in the prediction, HME without spaces; by type",
-            true },
+        { { "ocrbench", "OCRBench accuracy: answer contained in the prediction, HME without spaces; by type", true },
           detail::score_ocrbench },
     };
     return entries;

@@ -25,7 +25,8 @@ using namespace detail;
 
 // A decimal digit Python's float() accepts, as its ASCII value; -1 for anything else.
 int decimal_value(char32_t c) {
-    for (char32_t zero : { U'0', char32_t(0x660), char32_t(0x6F0), char32_t(0x966), char32_t(0x9E6), char32_t(0xFF10) }) {
+    for (char32_t zero :
+         { U'0', char32_t(0x660), char32_t(0x6F0), char32_t(0x966), char32_t(0x9E6), char32_t(0xFF10) }) {
         if (c >= zero && c <= zero + 9) {
             return int(c - zero);
         }
@@ -53,8 +54,8 @@ size_t digit_part(const std::u32string & s, size_t i, std::string & out) {
 }  // namespace
 
 std::optional<double> metrics::python_float(std::string_view text) {
-    const std::u32string s = py_strip(utf8_decode(text));
-    size_t               i = 0;
+    const std::u32string s    = py_strip(utf8_decode(text));
+    size_t               i    = 0;
     double               sign = 1;
     if (i < s.size() && (s[i] == U'+' || s[i] == U'-')) {
         sign = s[i++] == U'-' ? -1 : 1;
@@ -67,8 +68,8 @@ std::optional<double> metrics::python_float(std::string_view text) {
         return std::nan("");
     }
     // [digitpart] "." digitpart | digitpart ["."], then an optional exponent.
-    std::string mant;
-    size_t      j = digit_part(s, i, mant);
+    std::string  mant;
+    size_t       j     = digit_part(s, i, mant);
     const size_t n_int = mant.size();
     if (j < s.size() && s[j] == U'.') {
         mant.push_back('.');
@@ -87,7 +88,7 @@ std::optional<double> metrics::python_float(std::string_view text) {
             exp.push_back(char(s[k++]));
         }
         const size_t before = exp.size();
-        k = digit_part(s, k, exp);
+        k                   = digit_part(s, k, exp);
         if (exp.size() == before) {
             return std::nullopt;
         }

@@ -40,8 +40,8 @@ size_t lcs(const std::vector<std::string> & a, const std::vector<std::string> & 
 }  // namespace
 
 double metrics::rouge_l(std::string_view candidate, std::span<const std::string> references) {
-    constexpr double               beta = 1.2;
-    const std::vector<std::string> c    = rouge_tokens(candidate);
+    constexpr double               beta     = 1.2;
+    const std::vector<std::string> c        = rouge_tokens(candidate);
     double                         prec_max = 0, rec_max = 0;
     for (const std::string & ref : references) {
         const std::vector<std::string> r = rouge_tokens(ref);

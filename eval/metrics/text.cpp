@@ -9,9 +9,9 @@ std::u32string utf8_decode(std::string_view text) {
     const auto * p = reinterpret_cast<const unsigned char *>(text.data());
     const size_t n = text.size();
     for (size_t i = 0; i < n;) {
-        const unsigned char b = p[i];
-        size_t   len = 0;
-        char32_t c   = 0;
+        const unsigned char b   = p[i];
+        size_t              len = 0;
+        char32_t            c   = 0;
         if (b < 0x80) {
             out.push_back(b);
             ++i;
@@ -70,8 +70,7 @@ std::string utf8_encode(std::u32string_view text) {
 
 bool py_isspace(char32_t c) {
     return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-           c == 0x3000;
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 bool is_ascii_digit(char32_t c) {
@@ -104,9 +103,12 @@ char32_t py_lower(char32_t c) {
         case 0x130: return 'i';  // Python gives 'i' + U+0307; the combining dot is dropped
         case 0x178: return 0xFF;
         case 0x386: return 0x3AC;
-        case 0x388: case 0x389: case 0x38A: return c + 37;
+        case 0x388:
+        case 0x389:
+        case 0x38A: return c + 37;
         case 0x38C: return 0x3CC;
-        case 0x38E: case 0x38F: return c + 63;
+        case 0x38E:
+        case 0x38F: return c + 63;
         default: return c;
     }
 }

@@ -27,15 +27,17 @@ namespace {
 using namespace detail;
 
 const std::array<std::u32string, 21> & punctuation() {
-    static const std::array<std::u32string, 21> p = { U";", U"/", U"[", U"]", U"\"", U"{", U"}", U"(", U")", U"=", U"+",
-                                                       U"\\", U"_", U"-", U">", U"<", U"@", U"`", U",", U"?", U"!" };
+    static const std::array<std::u32string, 21> p = { U";", U"/", U"[", U"]", U"\"", U"{", U"}",
+                                                      U"(", U")", U"=", U"+", U"\\", U"_", U"-",
+                                                      U">", U"<", U"@", U"`", U",",  U"?", U"!" };
     return p;
 }
 
 const std::unordered_map<std::u32string, std::u32string> & number_map() {
     static const std::unordered_map<std::u32string, std::u32string> m = {
-        { U"none", U"0" }, { U"zero", U"0" }, { U"one", U"1" }, { U"two", U"2" },   { U"three", U"3" }, { U"four", U"4" },
-        { U"five", U"5" }, { U"six", U"6" },  { U"seven", U"7" }, { U"eight", U"8" }, { U"nine", U"9" },  { U"ten", U"10" },
+        { U"none", U"0" },  { U"zero", U"0" },  { U"one", U"1" },  { U"two", U"2" },
+        { U"three", U"3" }, { U"four", U"4" },  { U"five", U"5" }, { U"six", U"6" },
+        { U"seven", U"7" }, { U"eight", U"8" }, { U"nine", U"9" }, { U"ten", U"10" },
     };
     return m;
 }
@@ -44,6 +46,7 @@ const std::unordered_map<std::u32string, std::u32string> & number_map() {
 // the capitalised keys never match lower-cased text and are kept only to mirror the table).
 const std::unordered_map<std::u32string, std::u32string> & contractions() {
     static const std::unordered_map<std::u32string, std::u32string> m = [] {
+        // clang-format off
         const char * pairs[][2] = {
             { "aint", "ain't" }, { "arent", "aren't" }, { "cant", "can't" }, { "couldve", "could've" },
             { "couldnt", "couldn't" }, { "couldn'tve", "couldn't've" }, { "couldnt've", "couldn't've" },
@@ -56,30 +59,31 @@ const std::unordered_map<std::u32string, std::u32string> & contractions() {
             { "maam", "ma'am" }, { "mightnt", "mightn't" }, { "mightnt've", "mightn't've" },
             { "mightn'tve", "mightn't've" }, { "mightve", "might've" }, { "mustnt", "mustn't" },
             { "mustve", "must've" }, { "neednt", "needn't" }, { "notve", "not've" }, { "oclock", "o'clock" },
-            { "oughtnt", "oughtn't" }, { "ow's'at", "'ow's'at" }, { "'ows'at", "'ow's'at" }, { "'ow'sat", "'ow's'at" },
-            { "shant", "shan't" }, { "shed've", "she'd've" }, { "she'dve", "she'd've" }, { "she's", "she's" },
-            { "shouldve", "should've" }, { "shouldnt", "shouldn't" }, { "shouldnt've", "shouldn't've" },
-            { "shouldn'tve", "shouldn't've" }, { "somebody'd", "somebodyd" }, { "somebodyd've", "somebody'd've" },
-            { "somebody'dve", "somebody'd've" }, { "somebodyll", "somebody'll" }, { "somebodys", "somebody's" },
-            { "someoned", "someone'd" }, { "someoned've", "someone'd've" }, { "someone'dve", "someone'd've" },
-            { "someonell", "someone'll" }, { "someones", "someone's" }, { "somethingd", "something'd" },
-            { "somethingd've", "something'd've" }, { "something'dve", "something'd've" },
-            { "somethingll", "something'll" }, { "thats", "that's" }, { "thered", "there'd" },
-            { "thered've", "there'd've" }, { "there'dve", "there'd've" }, { "therere", "there're" },
-            { "theres", "there's" }, { "theyd", "they'd" }, { "theyd've", "they'd've" }, { "they'dve", "they'd've" },
-            { "theyll", "they'll" }, { "theyre", "they're" }, { "theyve", "they've" }, { "twas", "'twas" },
-            { "wasnt", "wasn't" }, { "wed've", "we'd've" }, { "we'dve", "we'd've" }, { "weve", "we've" },
-            { "werent", "weren't" }, { "whatll", "what'll" }, { "whatre", "what're" }, { "whats", "what's" },
-            { "whatve", "what've" }, { "whens", "when's" }, { "whered", "where'd" }, { "wheres", "where's" },
-            { "whereve", "where've" }, { "whod", "who'd" }, { "whod've", "who'd've" }, { "who'dve", "who'd've" },
-            { "wholl", "who'll" }, { "whos", "who's" }, { "whove", "who've" }, { "whyll", "why'll" },
-            { "whyre", "why're" }, { "whys", "why's" }, { "wont", "won't" }, { "wouldve", "would've" },
-            { "wouldnt", "wouldn't" }, { "wouldnt've", "wouldn't've" }, { "wouldn'tve", "wouldn't've" },
-            { "yall", "y'all" }, { "yall'll", "y'all'll" }, { "y'allll", "y'all'll" }, { "yall'd've", "y'all'd've" },
-            { "y'alld've", "y'all'd've" }, { "y'all'dve", "y'all'd've" }, { "youd", "you'd" },
-            { "youd've", "you'd've" }, { "you'dve", "you'd've" }, { "youll", "you'll" }, { "youre", "you're" },
-            { "youve", "you've" },
+            { "oughtnt", "oughtn't" }, { "ow's'at", "'ow's'at" }, { "'ows'at", "'ow's'at" },
+            { "'ow'sat", "'ow's'at" }, { "shant", "shan't" }, { "shed've", "she'd've" }, { "she'dve", "she'd've" },
+            { "she's", "she's" }, { "shouldve", "should've" }, { "shouldnt", "shouldn't" },
+            { "shouldnt've", "shouldn't've" }, { "shouldn'tve", "shouldn't've" }, { "somebody'd", "somebodyd" },
+            { "somebodyd've", "somebody'd've" }, { "somebody'dve", "somebody'd've" }, { "somebodyll", "somebody'll" },
+            { "somebodys", "somebody's" }, { "someoned", "someone'd" }, { "someoned've", "someone'd've" },
+            { "someone'dve", "someone'd've" }, { "someonell", "someone'll" }, { "someones", "someone's" },
+            { "somethingd", "something'd" }, { "somethingd've", "something'd've" },
+            { "something'dve", "something'd've" }, { "somethingll", "something'll" }, { "thats", "that's" },
+            { "thered", "there'd" }, { "thered've", "there'd've" }, { "there'dve", "there'd've" },
+            { "therere", "there're" }, { "theres", "there's" }, { "theyd", "they'd" }, { "theyd've", "they'd've" },
+            { "they'dve", "they'd've" }, { "theyll", "they'll" }, { "theyre", "they're" }, { "theyve", "they've" },
+            { "twas", "'twas" }, { "wasnt", "wasn't" }, { "wed've", "we'd've" }, { "we'dve", "we'd've" },
+            { "weve", "we've" }, { "werent", "weren't" }, { "whatll", "what'll" }, { "whatre", "what're" },
+            { "whats", "what's" }, { "whatve", "what've" }, { "whens", "when's" }, { "whered", "where'd" },
+            { "wheres", "where's" }, { "whereve", "where've" }, { "whod", "who'd" }, { "whod've", "who'd've" },
+            { "who'dve", "who'd've" }, { "wholl", "who'll" }, { "whos", "who's" }, { "whove", "who've" },
+            { "whyll", "why'll" }, { "whyre", "why're" }, { "whys", "why's" }, { "wont", "won't" },
+            { "wouldve", "would've" }, { "wouldnt", "wouldn't" }, { "wouldnt've", "wouldn't've" },
+            { "wouldn'tve", "wouldn't've" }, { "yall", "y'all" }, { "yall'll", "y'all'll" },
+            { "y'allll", "y'all'll" }, { "yall'd've", "y'all'd've" }, { "y'alld've", "y'all'd've" },
+            { "y'all'dve", "y'all'd've" }, { "youd", "you'd" }, { "youd've", "you'd've" }, { "you'dve", "you'd've" },
+            { "youll", "you'll" }, { "youre", "you're" }, { "youve", "you've" },
         };
+        // clang-format on
         std::unordered_map<std::u32string, std::u32string> out;
         for (const auto & p : pairs) {
             out.emplace(u32(p[0]), u32(p[1]));
@@ -175,7 +179,8 @@ double metrics::vqa_accuracy(std::string_view prediction, std::span<const std::s
 }
 
 metric_result detail::score_vqa(std::span<const metric_item> items) {
-    return mean_over_items(items, [](const metric_item & it) { return metrics::vqa_accuracy(it.prediction, it.answers); });
+    return mean_over_items(items,
+                           [](const metric_item & it) { return metrics::vqa_accuracy(it.prediction, it.answers); });
 }
 
 }  // namespace ecokv

@@ -17,11 +17,12 @@ void print_metrics() {
 
 int ecokv_metric(int argc, char ** argv) {
     return ecokv::tools::run_command("metric", [&] {
-        cxxopts::Options options("ecokv metric",
-                                 "Score predictions with a benchmark's official metric. The input holds one JSON object\n"
-                                 "per line: {\"prediction\": \"...\", \"answers\": [\"...\", ...], \"type\": \"...\"}\n"
-                                 "(\"answers\" may be one string; \"type\" is the question category, needed by ocrbench).\n"
-                                 "Prints {\"metric\": ..., \"score\": ..., \"n\": ...} on one line.");
+        cxxopts::Options options(
+            "ecokv metric",
+            "Score predictions with a benchmark's official metric. The input holds one JSON object\n"
+            "per line: {\"prediction\": \"...\", \"answers\": [\"...\", ...], \"type\": \"...\"}\n"
+            "(\"answers\" may be one string; \"type\" is the question category, needed by ocrbench).\n"
+            "Prints {\"metric\": ..., \"score\": ..., \"n\": ...} on one line.");
         // clang-format off
         options.add_options()
             ("m,metric", "metric name (see --list)", cxxopts::value<std::string>())
@@ -43,9 +44,9 @@ int ecokv_metric(int argc, char ** argv) {
         ecokv::tools::require(args, { "metric", "input" });
         const std::string name = args["metric"].as<std::string>();
         ecokv::find_metric(name);  // an unknown name fails before the file is read
-        const auto   items  = ecokv::read_metric_items(args["input"].as<std::string>(), name);
-        const auto   result = ecokv::evaluate(name, items);
-        const auto   line   = ecokv::metric_result_json(result);
+        const auto items  = ecokv::read_metric_items(args["input"].as<std::string>(), name);
+        const auto result = ecokv::evaluate(name, items);
+        const auto line   = ecokv::metric_result_json(result);
         std::printf("%s\n", line.c_str());
         return 0;
     });

@@ -30,16 +30,16 @@ struct metric_group {
 };
 
 struct metric_result {
-    std::string metric;  // registry name
-    double      score = 0;  // mean over items in [0, 1]; CIDEr-D is x10 and unbounded above
-    size_t      n     = 0;  // items scored
-    std::optional<size_t>               correct;  // counting metrics (ocrbench): items scored correct
-    std::map<std::string, metric_group> by_type;  // ocrbench: per question type, sorted by name
+    std::string                         metric;     // registry name
+    double                              score = 0;  // mean over items in [0, 1]; CIDEr-D is x10 and unbounded above
+    size_t                              n     = 0;  // items scored
+    std::optional<size_t>               correct;    // counting metrics (ocrbench): items scored correct
+    std::map<std::string, metric_group> by_type;    // ocrbench: per question type, sorted by name
 };
 
 struct metric_info {
     std::string name;
-    std::string description;  // one line: benchmark and reference evaluator
+    std::string description;         // one line: benchmark and reference evaluator
     bool        needs_type = false;  // every item must carry a non-empty `type`
 };
 

@@ -1,0 +1,93 @@
+// `ecokv run` end to end on the real trained stories260K (models/, bundled): a budget covering the prompt
+// reproduces the full cache token for token, a small budget reports agreement and KL, question-agnostic mode
+// answers several questions from one compressed cache, and bad input gives a clear error and exit 1.
+#include "cli-util.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using namespace ecokv::test;
+using json = nlohmann::json;
+
+const std::string k_model  = std::string(ECOKV_ROOT) + "/models/stories260K.gguf";
+const std::string k_prompt = std::string(ECOKV_ROOT) + "/data/prompts/story.txt";
+
+json run_json(const temp_dir & dir, std::vector<std::string> args) {
+    args.insert(args.begin(), { "run", "--model", k_model, "--json", "-t", "2" });
+    const run_result r = run_cli(dir.path().string(), args);
+    EXPECT_EQ(r.code, 0) << describe(r);
+    return r.code == 0 ? json::parse(r.out) : json::object();
+}
+
+TEST(run, budget_covering_the_prompt_matches_the_full_cache_token_for_token) {
+    temp_dir   dir;
+    const json j = run_json(dir, { "-f", k_prompt, "-m", "snapkv+ecokv", "-b", "1024", "-n", "24", "--compare-full" });
+    ASSERT_TRUE(j.contains("text"));
+    EXPECT_GE(j["prompt_tokens"].get<int>(), 300);
+    EXPECT_EQ(j["answers"][0]["text"], j["answers"][0]["full_text"]);
+    EXPECT_EQ(j["agreement"].get<double>(), 1.0);
+    EXPECT_LT(j["mean_kl"].get<double>(), 1e-6);
+    EXPECT_EQ(j["kept_per_head"].get<int>(), j["prompt_tokens"].get<int>());
+}
+
+TEST(run, budget_64_on_a_400_token_story_reports_agreement_and_kl) {
+    temp_dir dir;
+    for (const char * method : { "snapkv", "snapkv+ecokv", "pyramidkv+ecokv", "adakv+mixkv", "streamingllm" }) {
+        const json j = run_json(dir, { "-f", k_prompt, "-m", method, "-b", "64", "-n", "32", "--compare-full" });
+        ASSERT_TRUE(j.contains("agreement")) << method;
+        std::printf("[stories260K] %-16s prompt %d tokens, budget 64: agreement %.3f, mean KL %.4f, KV %llu -> %llu bytes\n",
+                    method, j["prompt_tokens"].get<int>(), j["agreement"].get<double>(), j["mean_kl"].get<double>(),
+                    j["kv_bytes_full"].get<unsigned long long>(), j["kv_bytes_compressed"].get<unsigned long long>());
+        EXPECT_GE(j["agreement"].get<double>(), 0.0);
+        EXPECT_LE(j["agreement"].get<double>(), 1.0);
+        EXPECT_GE(j["mean_kl"].get<double>(), 0.0);
+        EXPECT_LT(j["kv_bytes_compressed"].get<uint64_t>(), j["kv_bytes_full"].get<uint64_t>()) << method;
+        EXPECT_LT(j["kv_bytes_kept"].get<uint64_t>(), j["kv_bytes_compressed"].get<uint64_t>()) << method;
+    }
+}
+
+TEST(run, questions_are_answered_from_one_compressed_cache) {
+    temp_dir    dir;
+    const std::string story = read_file(k_prompt);
+    // A budget covering the context: each answer must equal the full cache's answer to the same question.
+    const json j = run_json(dir, { "-p", story, "--question", "Lily said", "--question", "The dog", "-m", "snapkv+ecokv",
+                                   "-b", "1024", "-n", "12", "--compare-full" });
+    ASSERT_EQ(j["answers"].size(), 2u);
+    for (const auto & a : j["answers"]) {
+        EXPECT_EQ(a["text"], a["full_text"]) << a["question"];
+        EXPECT_EQ(a["agreement"].get<double>(), 1.0);
+    }
+    // A small budget answers too, from the compressed context only.
+    const json small = run_json(dir, { "-p", story, "--question", "Lily said", "--question", "The dog", "-m", "snapkv+ecokv",
+                                       "-b", "48", "-n", "12" });
+    ASSERT_EQ(small["answers"].size(), 2u);
+    EXPECT_EQ(small["kept_per_head"].get<int>(), 48);
+}
+
+TEST(run, bad_input_gives_a_clear_error) {
+    temp_dir dir;
+    write_file(dir / "corrupt.gguf", "GGUF this is not a model");
+    std::string long_prompt;
+    for (int i = 0; i < 4000; ++i) {
+        long_prompt += "Once upon a time there was a dog. ";
+    }
+    write_file(dir / "long.txt", long_prompt);
+    const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+        { { "run", "--model", dir / "missing.gguf", "-p", "hi", "-m", "ecokv" }, "no such model file" },
+        { { "run", "--model", dir / "corrupt.gguf", "-p", "hi", "-m", "ecokv" }, "cannot load the model" },
+        { { "run", "--model", k_model, "-f", dir / "long.txt", "-m", "ecokv" }, "exceeds the model's context" },
+        { { "run", "--model", k_model, "-p", "hi", "-m", "ecokv", "-b", "4" }, "--budget 4 must be larger than --window 4" },
+        { { "run", "--model", k_model, "-p", "hi", "-m", "snapk" }, "unknown method 'snapk'" },
+        { { "run", "--model", k_model, "-m", "ecokv" }, "exactly one of -p/--prompt and -f/--file" },
+        { { "run", "--model", k_model, "-f", dir / "nope.txt", "-m", "ecokv" }, "cannot open prompt file" },
+    };
+    for (const auto & [args, message] : cases) {
+        const run_result r = run_cli(dir.path().string(), args);
+        EXPECT_EQ(r.code, 1) << describe(r);
+        EXPECT_TRUE(contains(r.err, message)) << "expected '" << message << "'\n" << describe(r);
+    }
+}
+
+}  // namespace
