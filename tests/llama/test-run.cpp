@@ -29,7 +29,7 @@ TEST(run, budget_covering_the_prompt_matches_the_full_cache_token_for_token) {
     EXPECT_EQ(j["answers"][0]["text"], j["answers"][0]["full_text"]);
     EXPECT_EQ(j["agreement"].get<double>(), 1.0);
     EXPECT_LT(j["mean_kl"].get<double>(), 1e-6);
-    EXPECT_EQ(j["kept_per_head"].get<int>(), j["prompt_tokens"].get<int>());
+    EXPECT_EQ(j["cells_per_head"].get<int>(), j["prompt_tokens"].get<int>());
 }
 
 TEST(run, budget_64_on_a_400_token_story_reports_agreement_and_kl) {
@@ -63,7 +63,7 @@ TEST(run, questions_are_answered_from_one_compressed_cache) {
     const json small = run_json(dir, { "-p", story, "--question", "Lily said", "--question", "The dog", "-m", "snapkv+ecokv",
                                        "-b", "48", "-n", "12" });
     ASSERT_EQ(small["answers"].size(), 2u);
-    EXPECT_EQ(small["kept_per_head"].get<int>(), 48);
+    EXPECT_EQ(small["cells_per_head"].get<int>(), 48);
 }
 
 TEST(run, bad_input_gives_a_clear_error) {

@@ -1,6 +1,5 @@
 // ecokv metric: score a JSON Lines file of predictions with a benchmark's official metric.
 #include "common/args.h"
-#include "ecokv/error.h"
 #include "ecokv/metrics.h"
 
 #include <cstdio>

@@ -6,6 +6,8 @@
 #include "ecokv/llama-adapter.h"
 #include "ecokv/llama-generate.h"
 
+#include <mtmd-helper.h>
+#include <mtmd.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -97,6 +99,52 @@ std::vector<uint8_t> save(llama_context * ctx) {
     return s;
 }
 
+struct mtmd_deleter {
+    void operator()(mtmd_context * c) const { mtmd_free(c); }
+    void operator()(mtmd_bitmap * b) const { mtmd_bitmap_free(b); }
+    void operator()(mtmd_input_chunks * c) const { mtmd_input_chunks_free(c); }
+};
+
+// What the prefill leaves: the logits for the first new token, the cache's cells and the next position.
+struct prefill_result {
+    std::vector<float>   first_logits;
+    int32_t              n_tokens = 0;      // cells: text tokens + image/audio embeddings
+    int32_t              n_past   = 0;      // next position (M-RoPE images advance it by less than their tokens)
+    int32_t              n_media  = 0;      // image/audio tokens
+    std::vector<uint8_t> modality;          // per cell, empty for a text-only prompt
+};
+
+// Text prompt: plain token batches.
+prefill_result prefill_text(llama_context * ctx, const std::vector<llama_token> & tokens) {
+    prefill_result r;
+    r.first_logits = el::decode(ctx, tokens, 0);
+    r.n_tokens = r.n_past = int32_t(tokens.size());
+    return r;
+}
+
+// Multimodal prompt: mtmd chunks, evaluated by libmtmd; the modality of every cell comes from the chunk list.
+prefill_result prefill_chunks(mtmd_context * mctx, llama_context * ctx, const mtmd_input_chunks * chunks) {
+    prefill_result r;
+    for (size_t i = 0; i < mtmd_input_chunks_size(chunks); ++i) {
+        const mtmd_input_chunk * c    = mtmd_input_chunks_get(chunks, i);
+        const auto               type = mtmd_input_chunk_get_type(c);
+        const size_t             n    = mtmd_input_chunk_get_n_tokens(c);
+        const uint8_t m = type == MTMD_INPUT_CHUNK_TYPE_TEXT ? 0 : type == MTMD_INPUT_CHUNK_TYPE_IMAGE ? 1 : 2;
+        r.modality.insert(r.modality.end(), n, m);
+        r.n_media += m != 0 ? int32_t(n) : 0;
+    }
+    llama_pos n_past = 0;
+    if (mtmd_helper_eval_chunks(mctx, ctx, chunks, 0, 0, int32_t(llama_n_batch(ctx)), true, &n_past) != 0) {
+        throw error("evaluating the multimodal prompt failed");
+    }
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
+    const float * logits  = llama_get_logits_ith(ctx, -1);
+    r.first_logits.assign(logits, logits + n_vocab);
+    r.n_tokens = int32_t(r.modality.size());
+    r.n_past   = int32_t(n_past);
+    return r;
+}
+
 }  // namespace
 
 int ecokv_run(int argc, char ** argv) {
@@ -105,6 +153,9 @@ int ecokv_run(int argc, char ** argv) {
         // clang-format off
         options.add_options()
             ("model", "GGUF model", cxxopts::value<std::string>())
+            ("mmproj", "multimodal projector GGUF (libmtmd)", cxxopts::value<std::string>())
+            ("image", "image file for the prompt (repeatable; placed where the prompt has <__media__>, else first)",
+                cxxopts::value<std::vector<std::string>>())
             ("p,prompt", "prompt text (the context in question mode)", cxxopts::value<std::string>())
             ("f,file", "read the prompt from a file", cxxopts::value<std::string>())
             ("question", "question-agnostic mode: compress after the prompt, then answer each question (repeatable)",
@@ -150,32 +201,82 @@ int ecokv_run(int argc, char ** argv) {
             throw error(model_path + ": cannot load the model (not a GGUF llama.cpp 0.5.0 can read?)");
         }
 
-        // Tokens: the whole chat prompt, or the context part in question mode.
-        const std::string text = args.count("prompt") ? args["prompt"].as<std::string>()
-                                                      : read_text(args["file"].as<std::string>());
+        // The prompt: the whole chat prompt, or the context part in question mode. Images go where the text has
+        // the media marker, or before the text.
+        const std::vector<std::string> images =
+            args.count("image") ? args["image"].as<std::vector<std::string>>() : std::vector<std::string>{};
+        if (images.empty() != (args.count("mmproj") == 0)) {
+            throw error("--image needs --mmproj and --mmproj needs at least one --image");
+        }
+        std::string text = args.count("prompt") ? args["prompt"].as<std::string>()
+                                                : read_text(args["file"].as<std::string>());
+        if (!images.empty() && text.find(mtmd_default_marker()) == std::string::npos) {
+            std::string markers;
+            for (size_t i = 0; i < images.size(); ++i) {
+                markers += std::string(mtmd_default_marker()) + "\n";
+            }
+            text = markers + text;
+        }
         const prompt_parts parts = questions.empty() ? prompt_parts{ el::chat_prompt(model.get(), text), "" }
                                                      : split_prompt(model.get(), text);
-        const std::vector<llama_token> prompt = el::tokenize(model.get(), parts.context, true);
         std::vector<std::vector<llama_token>> question_tokens;
         int32_t                               n_question_max = 0;
         for (const std::string & q : questions) {
             question_tokens.push_back(el::tokenize(model.get(), q + parts.question_suffix, false));
             n_question_max = std::max(n_question_max, int32_t(question_tokens.back().size()));
         }
-        const int32_t n_prompt = int32_t(prompt.size());
-        const int32_t n_extra  = n_predict + n_question_max;
-        const int32_t n_train  = llama_model_n_ctx_train(model.get());
-        if (n_prompt + n_extra > n_train) {
-            throw error("prompt of " + std::to_string(n_prompt) + " tokens plus " + std::to_string(n_extra) +
+
+        std::unique_ptr<mtmd_context, mtmd_deleter>      mctx;
+        std::unique_ptr<mtmd_input_chunks, mtmd_deleter> chunks;
+        std::vector<llama_token>                         prompt;  // text-only prompts
+        int32_t                                          n_cells = 0;
+        if (images.empty()) {
+            prompt  = el::tokenize(model.get(), parts.context, true);
+            n_cells = int32_t(prompt.size());
+        } else {
+            const std::string mmproj = args["mmproj"].as<std::string>();
+            if (!std::filesystem::is_regular_file(mmproj)) {
+                throw error(mmproj + ": no such mmproj file");
+            }
+            mtmd_context_params mp = mtmd_context_params_default();
+            mp.use_gpu = mp.print_timings = mp.warmup = false;
+            mp.n_threads = args["threads"].as<int32_t>() > 0 ? args["threads"].as<int32_t>() : mp.n_threads;
+            mctx.reset(mtmd_init_from_file(mmproj.c_str(), model.get(), mp));
+            if (!mctx) {
+                throw error(mmproj + ": cannot load the projector (corrupt, or not made for this model?)");
+            }
+            std::vector<std::unique_ptr<mtmd_bitmap, mtmd_deleter>> bitmaps;
+            std::vector<const mtmd_bitmap *>                        bitmap_ptrs;
+            for (const std::string & path : images) {
+                bitmaps.emplace_back(
+                    mtmd_helper_bitmap_init_from_file(mctx.get(), path.c_str(), false, mtmd_helper_init_opt_default()).bitmap);
+                if (!bitmaps.back()) {
+                    throw error(path + ": cannot read the image");
+                }
+                bitmap_ptrs.push_back(bitmaps.back().get());
+            }
+            chunks.reset(mtmd_input_chunks_init());
+            const mtmd_input_text input{ parts.context.c_str(), parts.context.size(), true, true };
+            const int32_t rc = mtmd_tokenize(mctx.get(), chunks.get(), &input, bitmap_ptrs.data(), bitmap_ptrs.size());
+            if (rc != 0) {
+                throw error(rc == 1 ? "the prompt's media markers do not match the number of --image"
+                                    : "an image could not be preprocessed for this projector");
+            }
+            n_cells = int32_t(mtmd_helper_get_n_tokens(chunks.get()));
+        }
+        const int32_t n_extra = n_predict + n_question_max;
+        const int32_t n_train = llama_model_n_ctx_train(model.get());
+        if (n_cells + n_extra > n_train) {
+            throw error("prompt of " + std::to_string(n_cells) + " tokens plus " + std::to_string(n_extra) +
                         " new ones exceeds the model's context of " + std::to_string(n_train));
         }
 
         // Prefill with the query capture attached.
-        const int32_t       window = ecokv::method_window(spec, params);
-        el::query_capture   capture(model.get(), std::max(32, window), spec.scorer == "h2o");
+        const int32_t        window = ecokv::method_window(spec, params);
+        el::query_capture    capture(model.get(), std::max(32, window), spec.scorer == "h2o");
         llama_context_params cparams = llama_context_default_params();
-        cparams.n_ctx                = uint32_t(n_prompt + n_extra);
-        cparams.n_batch              = uint32_t(std::min(n_prompt + n_extra, 2048));
+        cparams.n_ctx                = uint32_t(n_cells + n_extra);
+        cparams.n_batch              = uint32_t(std::min(n_cells + n_extra, 2048));
         cparams.n_seq_max            = 1;
         if (args["threads"].as<int32_t>() > 0) {
             cparams.n_threads = cparams.n_threads_batch = args["threads"].as<int32_t>();
@@ -186,12 +287,16 @@ int ecokv_run(int argc, char ** argv) {
         if (!ctx) {
             throw error("cannot create a context of " + std::to_string(cparams.n_ctx) + " cells");
         }
-        auto                     t0           = std::chrono::steady_clock::now();
-        const std::vector<float> first_logits = el::decode(ctx.get(), prompt, 0);
-        const double             prefill_s    = seconds_since(t0);
+        auto                 t0 = std::chrono::steady_clock::now();
+        const prefill_result pr = images.empty() ? prefill_text(ctx.get(), prompt)
+                                                 : prefill_chunks(mctx.get(), ctx.get(), chunks.get());
+        const double         prefill_s    = seconds_since(t0);
+        const int32_t        n_prompt     = pr.n_tokens;
+        const int32_t        n_past       = pr.n_past;
+        const auto &         first_logits = pr.first_logits;
         capture.set_active(false);
 
-        const el::prefill_state state(ctx.get(), capture, {});
+        const el::prefill_state state(ctx.get(), capture, pr.modality);
         if (args.count("dump-capture")) {
             ecokv::write_capture(args["dump-capture"].as<std::string>(), state.view());
         }
@@ -200,9 +305,9 @@ int ecokv_run(int argc, char ** argv) {
 
         nlohmann::json out = {
             { "model", state.view().model },      { "method", cc.sel.method },     { "budget", params.budget },
-            { "window", cc.sel.window },          { "prompt_tokens", n_prompt },   { "image_tokens", 0 },
+            { "window", cc.sel.window },          { "prompt_tokens", n_prompt },   { "image_tokens", pr.n_media },
             { "kv_bytes_full", kv_full },         { "kv_bytes_compressed", cc.kv_bytes_alloc },
-            { "kv_bytes_kept", cc.kv_bytes_kept }, { "kept_per_head", cc.n_cells }, { "prefill_s", prefill_s },
+            { "kv_bytes_kept", cc.kv_bytes_kept }, { "cells_per_head", cc.n_cells }, { "prefill_s", prefill_s },
             { "compress_s", cc.select_seconds + cc.rebuild_seconds },
         };
         const std::vector<uint8_t> full_state = args.count("compare-full") ? save(ctx.get()) : std::vector<uint8_t>{};
@@ -212,7 +317,7 @@ int ecokv_run(int argc, char ** argv) {
         const size_t               n_runs    = std::max<size_t>(1, questions.size());
         for (size_t qi = 0; qi < n_runs; ++qi) {
             std::vector<float> logits = first_logits;
-            llama_pos          pos    = n_prompt;
+            llama_pos          pos    = n_past;
             if (!questions.empty()) {
                 if (qi > 0) {
                     restore(cc.ctx.get(), cc.state);
@@ -231,12 +336,12 @@ int ecokv_run(int argc, char ** argv) {
                 std::vector<float> full_logits = first_logits;
                 if (!questions.empty()) {
                     restore(ctx.get(), full_state);
-                    full_logits = el::decode(ctx.get(), question_tokens[qi], n_prompt);
+                    full_logits = el::decode(ctx.get(), question_tokens[qi], n_past);
                 }
                 const el::generation full = el::greedy(ctx.get(), full_logits, pos, n_predict, true);
                 restore(cc.ctx.get(), cc.state);
                 if (!questions.empty()) {
-                    el::decode(cc.ctx.get(), question_tokens[qi], n_prompt);
+                    el::decode(cc.ctx.get(), question_tokens[qi], n_past);
                 }
                 const comparison c = compare(cc.ctx.get(), full, pos);
                 answer["full_text"] = el::detokenize(model.get(), full.tokens);
@@ -270,8 +375,8 @@ int ecokv_run(int argc, char ** argv) {
         }
         const double mib = 1048576.0;
         std::printf("\nmethod    %s (budget %d, window %d)\n", cc.sel.method.c_str(), params.budget, cc.sel.window);
-        std::printf("prompt    %d tokens (text %d, image 0)\n", n_prompt, n_prompt);
-        std::printf("kv cache  full %.3f MiB -> compressed %.3f MiB allocated (%d kept per head, %.3f MiB of entries)\n",
+        std::printf("prompt    %d tokens (text %d, image %d)\n", n_prompt, n_prompt - pr.n_media, pr.n_media);
+        std::printf("kv cache  full %.3f MiB -> compressed %.3f MiB allocated (%d cells per head, %.3f MiB of kept entries)\n",
                     kv_full / mib, cc.kv_bytes_alloc / mib, cc.n_cells, cc.kv_bytes_kept / mib);
         std::printf("time      prefill %.3f s, compress %.4f s (select %.4f, rebuild %.4f), decode %.3f s (%.1f tok/s)\n",
                     prefill_s, cc.select_seconds + cc.rebuild_seconds, cc.select_seconds, cc.rebuild_seconds,

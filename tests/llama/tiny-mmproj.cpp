@@ -1,0 +1,412 @@
+#include "tiny-mmproj.h"
+
+#include "ggml.h"
+#include "gguf.h"
+#include "mtmd.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+#include <system_error>
+#include <unistd.h>
+
+namespace ecokv::test {
+
+namespace {
+
+// ---- deterministic, platform-independent random numbers ------------------------------------------------------
+
+uint64_t hash_name(const std::string & s) {  // FNV-1a
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char ch : s) {
+        h = (h ^ ch) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+struct rng64 {  // splitmix64
+    uint64_t s;
+
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z          = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z          = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+
+    double uniform() { return double((next() >> 11) + 1) * 0x1.0p-53; }  // (0, 1]
+
+    double normal() {  // Box-Muller
+        const double u1 = uniform(), u2 = uniform();
+        return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    }
+};
+
+// ---- tensor plan -----------------------------------------------------------------------------------------------
+
+enum class fill { normal, norm_weight };
+
+struct tensor_spec {
+    std::string            name;
+    std::array<int64_t, 4> ne     = { 1, 1, 1, 1 };
+    int                    n_dims = 1;
+    ggml_type              type   = GGML_TYPE_F32;
+    fill                   kind   = fill::normal;
+    double                 stdev  = 0.0;
+};
+
+constexpr double k_bias_std = 0.02;
+constexpr double k_norm_std = 0.1;
+constexpr double k_embd_std = 0.2;
+
+tensor_spec vec(const std::string & name, int64_t n, double stdev, fill kind = fill::normal) {
+    tensor_spec t;
+    t.name   = name;
+    t.ne     = { n, 1, 1, 1 };
+    t.n_dims = 1;
+    t.kind   = kind;
+    t.stdev  = stdev;
+    return t;
+}
+
+// nn.Linear(n_in -> n_out): ggml ne {n_in, n_out}
+tensor_spec linear_w(const std::string & name, int64_t n_in, int64_t n_out) {
+    tensor_spec t;
+    t.name   = name;
+    t.ne     = { n_in, n_out, 1, 1 };
+    t.n_dims = 2;
+    t.stdev  = 1.0 / std::sqrt(double(n_in));
+    return t;
+}
+
+tensor_spec patch_embd(const std::string & name, int64_t p, int64_t n_embd) {
+    tensor_spec t;
+    t.name   = name;
+    t.ne     = { p, p, 3, n_embd };  // conv2d kernel {KW, KH, C_in, C_out}
+    t.n_dims = 4;
+    t.type   = GGML_TYPE_F16;       // as real converters; im2col runs in F16
+    t.stdev  = 1.0 / std::sqrt(double(3 * p * p));
+    return t;
+}
+
+void add_linear(std::vector<tensor_spec> & v, const std::string & base, int64_t n_in, int64_t n_out) {
+    v.push_back(linear_w(base + ".weight", n_in, n_out));
+    v.push_back(vec(base + ".bias", n_out, k_bias_std));
+}
+
+void add_norm(std::vector<tensor_spec> & v, const std::string & base, int64_t n) {
+    v.push_back(vec(base + ".weight", n, k_norm_std, fill::norm_weight));
+    v.push_back(vec(base + ".bias", n, k_bias_std));
+}
+
+int32_t llava_grid(const tiny_mmproj_config & c) {
+    return c.image_size / c.patch_size;
+}
+
+void validate(const tiny_mmproj_config & c) {
+    auto fail = [](const std::string & m) { throw std::invalid_argument("tiny_mmproj: " + m); };
+    if (c.patch_size <= 0 || c.image_size < c.patch_size) {
+        fail("need patch_size > 0 and image_size >= patch_size");
+    }
+    if (c.n_embd <= 0 || c.n_head <= 0 || c.n_embd % c.n_head != 0) {
+        fail("n_embd must be a positive multiple of n_head");
+    }
+    if (c.type == mmproj_type::qwen2vl_merger && (c.n_embd / c.n_head) % 4 != 0) {
+        fail("qwen2vl_merger: head dim (n_embd / n_head) must be a multiple of 4 (vision M-RoPE sections d/4)");
+    }
+    if (c.n_ff <= 0 || c.n_ff == c.n_embd) {
+        fail("n_ff must be > 0 and differ from n_embd (mtmd swaps ffn_up/ffn_down when ffn_down.ne[0] == n_embd)");
+    }
+    if (c.n_block < 1) {
+        fail("n_block must be >= 1");
+    }
+    if (c.n_embd_text <= 0) {
+        fail("n_embd_text must be > 0");
+    }
+}
+
+std::vector<tensor_spec> plan(const tiny_mmproj_config & c) {
+    validate(c);
+    const int64_t E = c.n_embd, F = c.n_ff, T = c.n_embd_text, p = c.patch_size;
+    std::vector<tensor_spec> v;
+
+    if (c.type == mmproj_type::qwen2vl_merger) {
+        // Qwen2-VL: Conv3d patch embedding split into two Conv2d kernels (temporal frames 0 and 1), no bias, no
+        // class or position embeddings (2-D M-RoPE inside the ViT), no pre-norm.
+        v.push_back(patch_embd("v.patch_embd.weight", p, E));
+        v.push_back(patch_embd("v.patch_embd.weight.1", p, E));
+    } else {
+        // LLaVA-1.5 / CLIP ViT: class token, learned positions for grid^2 + 1 tokens, pre-layernorm.
+        const int64_t g = llava_grid(c);
+        v.push_back(vec("v.class_embd", E, k_embd_std));
+        v.push_back(patch_embd("v.patch_embd.weight", p, E));
+        tensor_spec pos = linear_w("v.position_embd.weight", E, g * g + 1);
+        pos.stdev       = k_embd_std;
+        v.push_back(pos);
+        add_norm(v, "v.pre_ln", E);
+    }
+
+    for (int32_t il = 0; il < c.n_block; ++il) {
+        const std::string b = "v.blk." + std::to_string(il) + ".";
+        add_norm(v, b + "ln1", E);
+        add_linear(v, b + "attn_q", E, E);
+        add_linear(v, b + "attn_k", E, E);
+        add_linear(v, b + "attn_v", E, E);
+        add_linear(v, b + "attn_out", E, E);
+        add_norm(v, b + "ln2", E);
+        add_linear(v, b + "ffn_up", E, F);
+        add_linear(v, b + "ffn_down", F, E);
+    }
+
+    if (c.type == mmproj_type::qwen2vl_merger) {
+        // PatchMerger: ln_q (-> v.post_ln), then MLP over 2x2 merged patches: 4E -> 4E -> GELU -> T
+        add_norm(v, "v.post_ln", E);
+        add_linear(v, "mm.0", 4 * E, 4 * E);
+        add_linear(v, "mm.2", 4 * E, T);
+    } else {
+        // LLaVA-1.5 mlp2x_gelu: E -> T -> GELU -> T (no post_ln: LLaVA uses the penultimate ViT layer)
+        add_linear(v, "mm.0", E, T);
+        add_linear(v, "mm.2", T, T);
+    }
+    return v;
+}
+
+bool omitted(const tiny_mmproj_config & c, const std::string & name) {
+    return std::find(c.omit.begin(), c.omit.end(), name) != c.omit.end();
+}
+
+void fill_tensor(ggml_tensor * t, const tensor_spec & s, uint64_t seed) {
+    const int64_t n = ggml_nelements(t);
+    rng64         rng{ seed ^ hash_name(s.name) };
+    for (int64_t i = 0; i < n; ++i) {
+        const double z = rng.normal();
+        const float  x = float(s.kind == fill::norm_weight ? 1.0 + s.stdev * z : s.stdev * z);
+        if (t->type == GGML_TYPE_F16) {
+            static_cast<ggml_fp16_t *>(t->data)[i] = ggml_fp32_to_fp16(x);
+        } else {
+            static_cast<float *>(t->data)[i] = x;
+        }
+    }
+}
+
+struct gguf_free_deleter {
+    void operator()(gguf_context * g) const { gguf_free(g); }
+};
+
+struct ggml_free_deleter {
+    void operator()(ggml_context * g) const { ggml_free(g); }
+};
+
+}  // namespace
+
+const char * mmproj_type_name(mmproj_type t) {
+    switch (t) {
+        case mmproj_type::qwen2vl_merger:
+            return "qwen2vl_merger";
+        case mmproj_type::llava_mlp:
+            return "mlp";
+    }
+    return "?";
+}
+
+std::vector<std::string> tiny_mmproj_tensor_names(const tiny_mmproj_config & c) {
+    std::vector<std::string> names;
+    for (const auto & s : plan(c)) {
+        names.push_back(s.name);
+    }
+    return names;
+}
+
+void write_tiny_mmproj(const std::string & path, const tiny_mmproj_config & c) {
+    const std::vector<tensor_spec> specs = plan(c);
+
+    std::unique_ptr<gguf_context, gguf_free_deleter> g(gguf_init_empty());
+    if (!g) {
+        throw std::runtime_error("tiny_mmproj: gguf_init_empty failed");
+    }
+    gguf_context * gc = g.get();
+    auto set_u32 = [&](const char * k, int32_t v) {
+        if (!omitted(c, k)) {
+            gguf_set_val_u32(gc, k, uint32_t(v));
+        }
+    };
+    auto set_f32 = [&](const char * k, float v) {
+        if (!omitted(c, k)) {
+            gguf_set_val_f32(gc, k, v);
+        }
+    };
+    auto set_bool = [&](const char * k, bool v) {
+        if (!omitted(c, k)) {
+            gguf_set_val_bool(gc, k, v);
+        }
+    };
+    auto set_str = [&](const char * k, const std::string & v) {
+        if (!omitted(c, k)) {
+            gguf_set_val_str(gc, k, v.c_str());
+        }
+    };
+    auto set_f32_arr = [&](const char * k, const std::array<float, 3> & v) {
+        if (!omitted(c, k)) {
+            gguf_set_arr_data(gc, k, GGUF_TYPE_FLOAT32, v.data(), v.size());
+        }
+    };
+
+    // metadata as the upstream converters write it; the loader requires has_vision_encoder, projector_type,
+    // the vision embedding_length / head_count / feed_forward_length / block_count / projection_dim /
+    // attention.layer_norm_epsilon, image_size, patch_size and (>= 3 element) image_mean / image_std.
+    set_str("general.architecture", "clip");
+    set_str("general.name", std::string("ecokv-tiny-mmproj-") + mmproj_type_name(c.type));
+    set_str("general.description", "random-weight test projector (tests/llama/tiny-mmproj.cpp)");
+    set_bool("clip.has_vision_encoder", true);
+    set_bool("clip.has_audio_encoder", false);
+    set_str("clip.projector_type", mmproj_type_name(c.type));
+    set_bool("clip.use_gelu", false);  // ViT FFN activation: quick GELU (CLIP and Qwen2-VL)
+    set_u32("clip.vision.image_size", c.image_size);
+    set_u32("clip.vision.patch_size", c.patch_size);
+    set_u32("clip.vision.embedding_length", c.n_embd);
+    set_u32("clip.vision.feed_forward_length", c.n_ff);
+    set_u32("clip.vision.block_count", c.n_block);
+    set_u32("clip.vision.projection_dim", c.n_embd_text);
+    set_u32("clip.vision.attention.head_count", c.n_head);
+    set_f32("clip.vision.attention.layer_norm_epsilon", c.type == mmproj_type::qwen2vl_merger ? 1e-6f : 1e-5f);
+    set_f32_arr("clip.vision.image_mean", { 0.48145466f, 0.4578275f, 0.40821073f });
+    set_f32_arr("clip.vision.image_std", { 0.26862954f, 0.26130258f, 0.27577711f });
+
+    size_t n_bytes = 0, n_tensors = 0;
+    for (const auto & s : specs) {
+        const size_t n = size_t(s.ne[0] * s.ne[1] * s.ne[2] * s.ne[3]);
+        n_bytes += n * ggml_type_size(s.type) + GGML_MEM_ALIGN;
+        ++n_tensors;
+    }
+    ggml_init_params ip{};
+    ip.mem_size   = n_bytes + (n_tensors + 1) * ggml_tensor_overhead();
+    ip.mem_buffer = nullptr;
+    ip.no_alloc   = false;
+    std::unique_ptr<ggml_context, ggml_free_deleter> ctx(ggml_init(ip));
+    if (!ctx) {
+        throw std::runtime_error("tiny_mmproj: ggml_init failed");
+    }
+
+    for (const auto & s : specs) {
+        if (omitted(c, s.name)) {
+            continue;
+        }
+        ggml_tensor * t = ggml_new_tensor(ctx.get(), s.type, s.n_dims, s.ne.data());
+        ggml_set_name(t, s.name.c_str());
+        fill_tensor(t, s, c.seed);
+        gguf_add_tensor(gc, t);  // copies the data pointer; the data must stay alive until the write
+    }
+
+    if (!gguf_write_to_file(gc, path.c_str(), /*only_meta =*/false)) {
+        throw std::runtime_error("tiny_mmproj: cannot write " + path);
+    }
+}
+
+std::string temp_gguf_path(const std::string & prefix) {
+    static std::atomic<uint64_t> counter{ 0 };
+    const auto dir = std::filesystem::temp_directory_path();
+    return (dir / (prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".gguf")).string();
+}
+
+temp_file::~temp_file() {
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+}
+
+std::unique_ptr<temp_file> write_tiny_mmproj_temp(const tiny_mmproj_config & c) {
+    auto f = std::make_unique<temp_file>(temp_gguf_path());
+    write_tiny_mmproj(f->path(), c);
+    return f;
+}
+
+image_geometry expected_image_geometry(const tiny_mmproj_config & c, int32_t nx, int32_t ny, int32_t image_min_tokens,
+                                       int32_t image_max_tokens) {
+    image_geometry g;
+    if (nx <= 0 || ny <= 0) {
+        return g;
+    }
+    if (c.type == mmproj_type::llava_mlp) {
+        // mtmd_image_preprocessor_fixed_size: resize to image_size^2; every patch is a token (the class token is
+        // dropped by the "patches" get_rows); clip_n_output_tokens_x = n_tokens, _y = 1.
+        const int32_t grid = llava_grid(c);
+        g.width = g.height = c.image_size;
+        g.n_tokens         = grid * grid;
+        g.tokens_x         = g.n_tokens;
+        g.tokens_y         = 1;
+        g.n_pos            = g.n_tokens;
+        return g;
+    }
+    // mtmd_image_preprocessor_dyn_size with img_tool::calc_size_preserved_ratio (float arithmetic as there):
+    // align a = patch_size * n_merge (n_merge = 2), min/max pixels = {8, 4096} merged tokens * a^2
+    // (clip_model_loader::load_hparams, set_limit_image_tokens(8, 4096); custom_image_{min,max}_tokens win).
+    const int   a          = c.patch_size * 2;
+    const int   min_pixels = (image_min_tokens > 0 ? image_min_tokens : 8) * a * a;
+    const int   max_pixels = (image_max_tokens > 0 ? image_max_tokens : 4096) * a * a;
+    const float f          = float(a);
+    auto round_f = [&](float x) { return int(std::round(x / f)) * a; };
+    auto ceil_f  = [&](float x) { return int(std::ceil(x / f)) * a; };
+    auto floor_f = [&](float x) { return int(std::floor(x / f)) * a; };
+    int w = std::max(a, round_f(float(nx)));
+    int h = std::max(a, round_f(float(ny)));
+    if (h * w > max_pixels) {
+        const float beta = std::sqrt(float(ny) * float(nx) / float(max_pixels));
+        h                = std::max(a, floor_f(float(ny) / beta));
+        w                = std::max(a, floor_f(float(nx) / beta));
+    } else if (h * w < min_pixels) {
+        const float beta = std::sqrt(float(min_pixels) / (float(ny) * float(nx)));
+        h                = ceil_f(float(ny) * beta);
+        w                = ceil_f(float(nx) * beta);
+    }
+    g.width    = w;
+    g.height   = h;
+    g.tokens_x = w / a;
+    g.tokens_y = h / a;
+    g.n_tokens = g.tokens_x * g.tokens_y;
+    g.n_pos    = std::max(g.tokens_x, g.tokens_y);
+    return g;
+}
+
+std::vector<uint8_t> make_test_image_rgb(int32_t nx, int32_t ny, uint64_t seed) {
+    if (nx <= 0 || ny <= 0) {
+        throw std::invalid_argument("make_test_image_rgb: nx and ny must be positive");
+    }
+    std::vector<uint8_t> px(size_t(nx) * size_t(ny) * 3);
+    rng64                rng{ seed ^ 0x696d616765ull };  // "image"
+    // per-seed gradient directions, so different seeds give visibly different images
+    const double a0 = rng.uniform() * 6.283185307179586, a1 = rng.uniform() * 6.283185307179586;
+    for (int32_t y = 0; y < ny; ++y) {
+        for (int32_t x = 0; x < nx; ++x) {
+            const double u = double(x) / std::max(1, nx - 1), v = double(y) / std::max(1, ny - 1);
+            const double base[3] = {
+                127.5 + 110.0 * std::cos(a0) * (2 * u - 1) + 110.0 * std::sin(a0) * (2 * v - 1),
+                127.5 + 110.0 * std::cos(a1) * (2 * v - 1) - 110.0 * std::sin(a1) * (2 * u - 1),
+                127.5 + 100.0 * std::sin(6.283185307179586 * (u + v)),
+            };
+            for (int ch = 0; ch < 3; ++ch) {
+                const double val = base[ch] + 24.0 * (rng.uniform() - 0.5);
+                px[(size_t(y) * size_t(nx) + size_t(x)) * 3 + size_t(ch)] =
+                    uint8_t(std::clamp(std::lround(val), 0L, 255L));
+            }
+        }
+    }
+    return px;
+}
+
+void mtmd_bitmap_deleter::operator()(mtmd_bitmap * b) const {
+    mtmd_bitmap_free(b);
+}
+
+bitmap_ptr make_test_bitmap(int32_t nx, int32_t ny, uint64_t seed) {
+    const std::vector<uint8_t> px = make_test_image_rgb(nx, ny, seed);
+    bitmap_ptr                 b(mtmd_bitmap_init(uint32_t(nx), uint32_t(ny), px.data()));
+    if (!b) {
+        throw std::runtime_error("make_test_bitmap: mtmd_bitmap_init failed");
+    }
+    return b;
+}
+
+}  // namespace ecokv::test
