@@ -1,0 +1,106 @@
+// `ecokv run` with images through libmtmd, on random-weight vision-language models written to disk: a tiny
+// qwen2vl text model with a qwen2vl_merger projector (M-RoPE) and a tiny llama with a LLaVA mlp projector. A
+// budget covering the prompt reproduces the full cache; small budgets compress image and text tokens; bad
+// inputs are rejected with a clear message.
+#include "cli-util.h"
+#include "tiny-mmproj.h"
+#include "tiny-model.h"
+
+#include <llama.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using namespace ecokv::test;
+using json = nlohmann::json;
+
+// A model/projector pair on disk plus a test image (PPM, read by mtmd's stb_image).
+struct vision_fixture {
+    temp_dir    dir;
+    std::string model, mmproj, image;
+
+    vision_fixture(const std::string & arch, mmproj_type type) {
+        tiny_config c;
+        c.arch = arch;
+        const tiny_model m = make_tiny_model(c);
+        model              = dir / "model.gguf";
+        llama_model_save_to_file(m.get(), model.c_str());
+        tiny_mmproj_config p;
+        p.type        = type;
+        p.n_embd_text = c.n_embd;
+        mmproj        = dir / "mmproj.gguf";
+        write_tiny_mmproj(mmproj, p);
+        image                         = dir / "image.ppm";
+        const std::vector<uint8_t> px = make_test_image_rgb(112, 84, 5);
+        write_file(image, "P6\n112 84\n255\n" + std::string(px.begin(), px.end()));
+    }
+
+    run_result run(std::vector<std::string> args) const {
+        args.insert(args.begin(), { "run", "--model", model, "--mmproj", mmproj, "--image", image, "-t", "2" });
+        return run_cli(dir.path().string(), args);
+    }
+    json run_json(std::vector<std::string> args) const {
+        args.push_back("--json");
+        const run_result r = run(args);
+        EXPECT_EQ(r.code, 0) << describe(r);
+        return r.code == 0 ? json::parse(r.out) : json::object();
+    }
+};
+
+void check_vision_run(const vision_fixture & f, int32_t image_tokens) {
+    const std::string prompt = std::string("describe ") + "<__media__>" + " in words, then say more";
+    const json full = f.run_json({ "-p", prompt, "-m", "snapkv+ecokv", "-b", "1024", "-n", "8", "--compare-full" });
+    ASSERT_TRUE(full.contains("image_tokens"));
+    EXPECT_EQ(full["image_tokens"].get<int>(), image_tokens);
+    EXPECT_EQ(full["answers"][0]["text"], full["answers"][0]["full_text"]);
+    EXPECT_EQ(full["agreement"].get<double>(), 1.0);
+    EXPECT_LT(full["mean_kl"].get<double>(), 1e-6);
+
+    for (const char * method : { "snapkv+ecokv", "pyramidkv+ecokv", "madakv" }) {
+        const json small = f.run_json({ "-p", prompt, "-m", method, "-b", "12", "--window", "2", "-n", "8", "--compare-full" });
+        ASSERT_TRUE(small.contains("cells_per_head")) << method;
+        EXPECT_LT(small["cells_per_head"].get<int>(), full["prompt_tokens"].get<int>()) << method;
+        EXPECT_LT(small["kv_bytes_kept"].get<uint64_t>(), full["kv_bytes_kept"].get<uint64_t>()) << method;
+        EXPECT_GE(small["mean_kl"].get<double>(), 0.0) << method;
+    }
+    // Question-agnostic: the image is compressed before any question is seen.
+    const json q = f.run_json({ "-p", "<__media__> a picture", "--question", "what is it", "--question", "which colour",
+                                "-m", "snapkv+ecokv", "-b", "10", "--window", "2", "-n", "6" });
+    EXPECT_EQ(q["answers"].size(), 2u);
+}
+
+TEST(run_vision, qwen2vl_merger) {
+    const vision_fixture f("qwen2vl", mmproj_type::qwen2vl_merger);
+    check_vision_run(f, 12);  // 112x84 px in 28 px merged patches: 4 x 3
+}
+
+TEST(run_vision, llava_mlp) {
+    const vision_fixture f("llama", mmproj_type::llava_mlp);
+    check_vision_run(f, 16);  // resized to 56x56, 14 px patches: 4 x 4
+}
+
+TEST(run_vision, bad_inputs) {
+    const vision_fixture f("qwen2vl", mmproj_type::qwen2vl_merger);
+    tiny_mmproj_config wrong;
+    wrong.n_embd_text = 48;  // the text model has 64
+    write_tiny_mmproj(f.dir / "wrong.gguf", wrong);
+    write_file(f.dir / "broken.png", "not an image");
+    const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+        { { "run", "--model", f.model, "--mmproj", f.dir / "wrong.gguf", "--image", f.image, "-p", "x", "-m", "ecokv" },
+          "cannot load the projector" },
+        { { "run", "--model", f.model, "--mmproj", f.dir / "none.gguf", "--image", f.image, "-p", "x", "-m", "ecokv" },
+          "no such mmproj file" },
+        { { "run", "--model", f.model, "--mmproj", f.mmproj, "--image", f.dir / "broken.png", "-p", "x", "-m", "ecokv" },
+          "cannot read the image" },
+        { { "run", "--model", f.model, "--image", f.image, "-p", "x", "-m", "ecokv" }, "--image needs --mmproj" },
+    };
+    for (const auto & [args, message] : cases) {
+        const run_result r = run_cli(f.dir.path().string(), args);
+        EXPECT_EQ(r.code, 1) << describe(r);
+        EXPECT_TRUE(contains(r.err, message)) << "expected '" << message << "'\n" << describe(r);
+    }
+}
+
+}  // namespace
