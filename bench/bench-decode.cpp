@@ -60,6 +60,7 @@ struct options {
     int32_t                  n_layer = 28, n_embd = 1536, n_head = 12, n_head_kv = 2, n_ff = 8960, n_vocab = 32768;
     uint64_t                 seed      = 1;
     bool                     json      = false;
+    std::string              json_file;
     bool                     verbose   = false;
 };
 
@@ -78,6 +79,7 @@ const char * k_usage =
     "                    model shape                  [28 1536 12 2 8960 32768: Qwen2-VL-2B, vocab reduced]\n"
     "  --seed S          weights and prompt                                    [1]\n"
     "  --json            print one JSON object on stdout instead of the tables\n"
+    "  --json-file PATH  also write that JSON object to PATH\n"
     "  --verbose         show llama.cpp's log\n";
 
 std::vector<std::string> split(const std::string & s) {
@@ -151,6 +153,8 @@ options parse(int argc, char ** argv) {
             o.seed = uint64_t(to_int(a, value(), 0));
         } else if (a == "--json") {
             o.json = true;
+        } else if (a == "--json-file") {
+            o.json_file = value();
         } else if (a == "--verbose") {
             o.verbose = true;
         } else {
@@ -875,6 +879,13 @@ int run(int argc, char ** argv) {
         { "phases", phases }, { "rows", rows }, { "targets", targets },
     };
     (void) ph_idle;
+    if (!o.json_file.empty()) {
+        std::ofstream f(o.json_file);
+        f << out.dump(1) << "\n";
+        if (!f) {
+            throw ecokv::error(o.json_file + ": cannot write");
+        }
+    }
     if (o.json) {
         std::printf("%s\n", out.dump(1).c_str());
         return 0;

@@ -3,6 +3,7 @@
 #include "ecokv/synth.h"
 
 #include "impl.h"
+#include "kernels/hash.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,12 +13,7 @@ namespace ecokv {
 
 namespace {
 
-uint64_t mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+constexpr auto mix = kernels::splitmix64;
 
 // splitmix64 stream with Box-Muller normals: portable, unlike std::normal_distribution.
 class rng {

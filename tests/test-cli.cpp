@@ -1,6 +1,6 @@
 // The `ecokv` binary end to end: help and usage, synth-capture, compress, and every user error: exit status 1,
 // a message naming the file/option/tensor at fault on stderr, and no output file (nor temporary) left behind.
-#include "cli-util.h"
+#include "test-util.h"
 #include "ecokv/ecokv.h"
 
 #include <gtest/gtest.h>

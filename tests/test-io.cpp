@@ -5,6 +5,8 @@
 // bytes assembled by hand for safetensors files, nlohmann::json for parsing what we write, arithmetic by hand.
 #include "ecokv/ecokv.h"
 
+#include "test-util.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -24,64 +26,12 @@
 
 namespace {
 
-namespace fs = std::filesystem;
-using json   = nlohmann::json;
+using namespace ecokv::test;
+using json = nlohmann::json;
 
 // ---------------------------------------------------------------------------------------------------------------
 // helpers
 
-// A fresh directory under the system temp dir, removed (with its contents) when the test ends.
-class temp_dir {
-  public:
-    temp_dir() {
-        static std::atomic<int> counter{ 0 };
-        const auto *            info = ::testing::UnitTest::GetInstance()->current_test_info();
-        std::string             name = "ecokv-test-io-" + std::to_string(::getpid()) + "-" +
-                           std::to_string(counter++) + "-" + (info ? info->name() : "x");
-        for (char & c : name) {
-            if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') {
-                c = '_';
-            }
-        }
-        path_ = fs::temp_directory_path() / name;
-        fs::remove_all(path_);
-        fs::create_directories(path_);
-    }
-    ~temp_dir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    temp_dir(const temp_dir &)             = delete;
-    temp_dir & operator=(const temp_dir &) = delete;
-
-    std::string operator/(const std::string & name) const { return (path_ / name).string(); }
-    const fs::path & path() const { return path_; }
-
-    // Names of everything in the directory.
-    std::set<std::string> list() const {
-        std::set<std::string> out;
-        for (const auto & e : fs::directory_iterator(path_)) {
-            out.insert(e.path().filename().string());
-        }
-        return out;
-    }
-
-  private:
-    fs::path path_;
-};
-
-std::string read_bytes(const std::string & path) {
-    std::ifstream      in(path, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-void write_bytes(const std::string & path, const std::string & bytes) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-    ASSERT_TRUE(out.good()) << path;
-}
 
 // A safetensors file assembled by hand: 8-byte little-endian header length, header text, data.
 std::string safetensors_bytes(const std::string & header, const std::string & data) {
@@ -571,7 +521,7 @@ TEST(safetensors, round_trip) {
     w.write(path);
 
     // The file, read by hand: header length is a multiple of 8 and the data follows it exactly.
-    const std::string file     = read_bytes(path);
+    const std::string file     = read_file(path);
     const uint64_t    n_header = header_length_of(file);
     EXPECT_EQ(n_header % 8, 0u);
     const size_t n_data = 4 * 6 + 2 * 4 + 6 + 4 * 6;
@@ -634,7 +584,7 @@ TEST(safetensors, header_padding_for_every_length) {
         w.add(std::string(size_t(n), 'x'), ecokv::dtype::u8, { 3 }, to_bytes(std::vector<uint8_t>{ 1, 2, 3 }));
         const std::string path = dir / ("p" + std::to_string(n) + ".safetensors");
         w.write(path);
-        const std::string file = read_bytes(path);
+        const std::string file = read_file(path);
         const uint64_t    nh   = header_length_of(file);
         EXPECT_EQ(nh % 8, 0u) << n;
         ASSERT_EQ(file.size(), 8 + nh + 3) << n;
@@ -664,7 +614,7 @@ TEST(safetensors, reads_a_file_written_by_hand) {
     data.append("\x00\x3c\x00\xc0\xff\x7b\x01\x00", 8);
     data.push_back('\x2a');
     const std::string path = dir / "hand.safetensors";
-    write_bytes(path, safetensors_bytes(header, data));
+    write_file(path, safetensors_bytes(header, data));
 
     const auto f = ecokv::safetensors_file::open(path);
     ASSERT_EQ(f.tensors().size(), 4u);
@@ -775,7 +725,7 @@ TEST(safetensors, corrupt_files_name_the_file) {
     for (const corrupt_case & c : cases) {
         SCOPED_TRACE(c.name);
         const std::string path = dir / (std::string(c.name) + ".safetensors");
-        write_bytes(path, c.bytes);
+        write_file(path, c.bytes);
         std::vector<std::string> parts = c.message;
         parts.push_back(path);
         try {
@@ -803,7 +753,7 @@ TEST(safetensors, zero_dimension_with_large_other_dimension_is_fine) {
     // A dimension of 0 makes the tensor empty however large the others are.
     temp_dir          dir;
     const std::string path = dir / "z.safetensors";
-    write_bytes(path, safetensors_bytes(R"({"w":{"dtype":"F32","shape":[1099511627776,1099511627776,0],"data_offsets":[0,0]}})", ""));
+    write_file(path, safetensors_bytes(R"({"w":{"dtype":"F32","shape":[1099511627776,1099511627776,0],"data_offsets":[0,0]}})", ""));
     const auto f = ecokv::safetensors_file::open(path);
     ASSERT_NE(f.find("w"), nullptr);
     EXPECT_EQ(f.find("w")->bytes.size(), 0u);
@@ -1014,7 +964,7 @@ TEST(capture, raw_writer_without_edits_is_a_valid_capture) {
 TEST(capture, not_a_safetensors_file) {
     temp_dir dir;
     const std::string path = dir / "text.safetensors";
-    write_bytes(path, "hello, world: this is not a capture\n");
+    write_file(path, "hello, world: this is not a capture\n");
     expect_error([&] { (void) ecokv::capture_file::open(path); }, { path });
     expect_error([&] { (void) ecokv::capture_file::open(dir / "absent.safetensors"); },
                  { dir / "absent.safetensors", "cannot open" });
@@ -1135,13 +1085,13 @@ TEST(write_file_atomic, success_leaves_only_the_target) {
         payload.push_back(char(i * 7));
     }
     ecokv::write_file_atomic(target, payload);
-    EXPECT_EQ(read_bytes(target), payload);
+    EXPECT_EQ(read_file(target), payload);
     EXPECT_EQ(dir.list(), (std::set<std::string>{ "out.bin" }));
     // Overwriting replaces the content entirely (shorter content: no stale tail) and leaves no temporary.
     ecokv::write_file_atomic(target, "short");
-    EXPECT_EQ(read_bytes(target), "short");
+    EXPECT_EQ(read_file(target), "short");
     ecokv::write_file_atomic(target, "");
-    EXPECT_EQ(read_bytes(target), "");
+    EXPECT_EQ(read_file(target), "");
     EXPECT_TRUE(fs::exists(target));
     EXPECT_EQ(dir.list(), (std::set<std::string>{ "out.bin" }));
     // A path relative to the current directory works too.
@@ -1149,7 +1099,7 @@ TEST(write_file_atomic, success_leaves_only_the_target) {
     fs::current_path(dir.path());
     ecokv::write_file_atomic("rel.txt", "relative");
     fs::current_path(old);
-    EXPECT_EQ(read_bytes(dir / "rel.txt"), "relative");
+    EXPECT_EQ(read_file(dir / "rel.txt"), "relative");
     EXPECT_EQ(dir.list(), (std::set<std::string>{ "out.bin", "rel.txt" }));
 }
 
@@ -1158,10 +1108,10 @@ TEST(write_file_atomic, target_is_a_directory) {
     const std::string target = dir / "taken";
     fs::create_directory(target);
     fs::path marker = fs::path(target) / "inside";
-    write_bytes(marker.string(), "keep");
+    write_file(marker.string(), "keep");
     expect_error([&] { ecokv::write_file_atomic(target, "data"); }, { target });
     EXPECT_TRUE(fs::is_directory(target));
-    EXPECT_EQ(read_bytes(marker.string()), "keep");
+    EXPECT_EQ(read_file(marker.string()), "keep");
     EXPECT_EQ(dir.list(), (std::set<std::string>{ "taken" }));  // no temporary left
 }
 
@@ -1169,9 +1119,9 @@ TEST(write_file_atomic, failure_keeps_the_previous_file) {
     // A failed write leaves the files already in the directory as they were.
     temp_dir          dir;
     const std::string target = dir / "out.json";
-    write_bytes(target, "previous");
+    write_file(target, "previous");
     expect_error([&] { ecokv::write_file_atomic(dir / "missing/out.json", "new"); }, { "missing/out.json" });
-    EXPECT_EQ(read_bytes(target), "previous");
+    EXPECT_EQ(read_file(target), "previous");
     EXPECT_EQ(dir.list(), (std::set<std::string>{ "out.json" }));
 }
 
@@ -1190,7 +1140,7 @@ TEST(selection_json, has_every_spec_key) {
         const std::string path = dir / "sel.json";
         ecokv::write_selection_json(path, sel);
         EXPECT_EQ(dir.list(), (std::set<std::string>{ "sel.json" }));
-        const json j = json::parse(read_bytes(path));
+        const json j = json::parse(read_file(path));
         ASSERT_TRUE(j.is_object());
         for (const char * key : { "method", "budget", "window", "n_tokens", "layers", "kv_bytes_full", "kv_bytes_kept" }) {
             EXPECT_TRUE(j.contains(key)) << key;
@@ -1233,7 +1183,7 @@ TEST(selection_json, budget_covering_the_prompt_keeps_everything) {
     const ecokv::selection sel = ecokv::compress(cap.view(), ecokv::parse_method("pyramidkv+knorm"), params, { 1 });
     temp_dir               dir;
     ecokv::write_selection_json(dir / "sel.json", sel);
-    const json j = json::parse(read_bytes(dir / "sel.json"));
+    const json j = json::parse(read_file(dir / "sel.json"));
     EXPECT_EQ(j["method"], "pyramidkv+knorm");
     EXPECT_EQ(j["budget"], 64);
     EXPECT_EQ(j["kv_bytes_kept"], j["kv_bytes_full"]);
@@ -1274,7 +1224,7 @@ TEST(merged_rows, one_tensor_per_layer_and_head) {
     EXPECT_EQ(dir.list(), (std::set<std::string>{ "merged.safetensors" }));
 
     // Parse the file by hand (nlohmann) rather than with our reader.
-    const std::string file = read_bytes(path);
+    const std::string file = read_file(path);
     const uint64_t    nh   = header_length_of(file);
     EXPECT_EQ(nh % 8, 0u);
     const json header = json::parse(file.substr(8, nh));
@@ -1368,7 +1318,7 @@ TEST(synth, files_are_byte_identical) {
     const ecokv::synth_params p = small_params();
     ecokv::write_capture(dir / "a.safetensors", ecokv::make_synth_capture(p).view());
     ecokv::write_capture(dir / "b.safetensors", ecokv::make_synth_capture(p).view());
-    EXPECT_EQ(read_bytes(dir / "a.safetensors"), read_bytes(dir / "b.safetensors"));
+    EXPECT_EQ(read_file(dir / "a.safetensors"), read_file(dir / "b.safetensors"));
 }
 
 TEST(synth, window_queries_are_the_tail_of_full_queries) {

@@ -4,6 +4,8 @@
 #include "ecokv/error.h"
 #include "ecokv/metrics.h"
 
+#include "test-util.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
@@ -19,7 +21,7 @@
 
 namespace {
 
-namespace fs = std::filesystem;
+using namespace ecokv::test;
 using json   = nlohmann::json;
 using ecokv::metric_item;
 using strings = std::vector<std::string>;
@@ -437,33 +439,6 @@ TEST(metrics_golden, agree_with_the_python_reference) {
 // ---------------------------------------------------------------------------------------------------------------
 // the JSON Lines reader
 
-class temp_dir {
-  public:
-    temp_dir() {
-        static std::atomic<int> counter{ 0 };
-        path_ = fs::temp_directory_path() /
-                ("ecokv-test-metrics-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-        fs::remove_all(path_);
-        fs::create_directories(path_);
-    }
-    ~temp_dir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    temp_dir(const temp_dir &)             = delete;
-    temp_dir & operator=(const temp_dir &) = delete;
-
-    // Writes `text` to a file in the directory and returns its path.
-    std::string write(const std::string & name, const std::string & text) const {
-        const std::string p = (path_ / name).string();
-        std::ofstream(p, std::ios::binary) << text;
-        return p;
-    }
-    std::string path() const { return path_.string(); }
-
-  private:
-    fs::path path_;
-};
 
 TEST(read_metric_items, reads_answers_types_and_skips_blank_lines) {
     temp_dir          d;
@@ -503,7 +478,7 @@ TEST(read_metric_items, errors_name_the_file_and_line) {
 
 TEST(read_metric_items, missing_empty_and_unknown) {
     temp_dir          d;
-    const std::string missing = d.path() + "/none.jsonl";
+    const std::string missing = d.path().string() + "/none.jsonl";
     EXPECT_EQ(error_of([&] { ecokv::read_metric_items(missing); }),
               missing + ": cannot open: No such file or directory");
     const std::string empty = d.write("empty.jsonl", "\n\n");
@@ -535,7 +510,7 @@ run_result run_metric(const temp_dir & d, const strings & args) {
     for (const std::string & a : args) {
         cmd += " " + quote(a);
     }
-    const std::string out = d.path() + "/stdout", err = d.path() + "/stderr";
+    const std::string out = d.path().string() + "/stdout", err = d.path().string() + "/stderr";
     const int         status = std::system((cmd + " >" + quote(out) + " 2>" + quote(err) + " </dev/null").c_str());
     run_result        r;
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -23,6 +23,7 @@ struct query_capture::impl {
 
     static bool callback(ggml_tensor * t, bool ask, void * user_data);
     void        record(const ggml_tensor * t, int32_t il);
+    tensor_view rows_view(const std::vector<float> & rows) const;
 };
 
 namespace {
@@ -95,29 +96,21 @@ void query_capture::set_active(bool active) { impl_->active = active; }
 
 int32_t query_capture::n_tokens() const { return impl_->seen.empty() ? 0 : impl_->seen[0]; }
 
-tensor_view query_capture::queries(int32_t il) const {
-    const auto &  w    = impl_->window.at(size_t(il));
-    const size_t  row  = size_t(impl_->n_heads) * impl_->head_dim;
-    tensor_view   v;
-    v.data = w.data();
+// [n_heads, n_rows, head_dim] view of rows stored [token][head][head_dim].
+tensor_view query_capture::impl::rows_view(const std::vector<float> & rows) const {
+    const size_t row = size_t(n_heads) * head_dim;
+    tensor_view  v;
+    v.data = rows.data();
     v.type = dtype::f32;
-    v.ne   = { impl_->head_dim, int64_t(w.size() / row), impl_->n_heads, 1 };
-    v.nb   = { sizeof(float), row * sizeof(float), size_t(impl_->head_dim) * sizeof(float), 0 };
+    v.ne   = { head_dim, int64_t(row ? rows.size() / row : 0), n_heads, 1 };
+    v.nb   = { sizeof(float), row * sizeof(float), size_t(head_dim) * sizeof(float), 0 };
     return v;
 }
 
+tensor_view query_capture::queries(int32_t il) const { return impl_->rows_view(impl_->window.at(size_t(il))); }
+
 tensor_view query_capture::full_queries(int32_t il) const {
-    if (!impl_->full) {
-        return {};
-    }
-    const auto & a   = impl_->all.at(size_t(il));
-    const size_t row = size_t(impl_->n_heads) * impl_->head_dim;
-    tensor_view  v;
-    v.data = a.data();
-    v.type = dtype::f32;
-    v.ne   = { impl_->head_dim, int64_t(a.size() / row), impl_->n_heads, 1 };
-    v.nb   = { sizeof(float), row * sizeof(float), size_t(impl_->head_dim) * sizeof(float), 0 };
-    return v;
+    return impl_->full ? impl_->rows_view(impl_->all.at(size_t(il))) : tensor_view{};
 }
 
 }  // namespace ecokv::llama

@@ -1,15 +1,11 @@
 // Random eviction baseline: uniform scores from a counter-based hash of (seed, layer, head, token), so the
 // result depends on --seed only, not on thread scheduling.
 #include "common.h"
+#include "kernels/hash.h"
 
 namespace ecokv::scorers {
 namespace {
-uint64_t splitmix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+using kernels::splitmix64;
 
 class random_scorer final : public scorer_i {
     void score(const head_input & in, std::span<double> out) const override {

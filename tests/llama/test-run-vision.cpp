@@ -2,7 +2,7 @@
 // qwen2vl text model with a qwen2vl_merger projector (M-RoPE) and a tiny llama with a LLaVA mlp projector. A
 // budget covering the prompt reproduces the full cache; small budgets compress image and text tokens; bad
 // inputs are rejected with a clear message.
-#include "cli-util.h"
+#include "test-util.h"
 #include "tiny-mmproj.h"
 #include "tiny-model.h"
 

@@ -1,7 +1,7 @@
 // `ecokv run` end to end on the real trained stories260K (models/, bundled): a budget covering the prompt
 // reproduces the full cache token for token, a small budget reports agreement and KL, question-agnostic mode
 // answers several questions from one compressed cache, and bad input gives a clear error and exit 1.
-#include "cli-util.h"
+#include "test-util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-// Shared by the command-line tests: a per-test temporary directory and running the ecokv binary.
+// Shared by the tests: a per-test temporary directory, file helpers and running the ecokv binary.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -24,7 +24,7 @@ class temp_dir {
     temp_dir() {
         static std::atomic<int> counter{ 0 };
         const auto *            info = ::testing::UnitTest::GetInstance()->current_test_info();
-        std::string             name = "ecokv-test-cli-" + std::to_string(::getpid()) + "-" +
+        std::string             name = "ecokv-test-" + std::to_string(::getpid()) + "-" +
                            std::to_string(counter++) + "-" + (info ? info->name() : "x");
         for (char & c : name) {
             if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') {
@@ -44,6 +44,22 @@ class temp_dir {
 
     std::string operator/(const std::string & name) const { return (path_ / name).string(); }
     const fs::path & path() const { return path_; }
+
+    // Names of everything in the directory.
+    std::set<std::string> list() const {
+        std::set<std::string> out;
+        for (const auto & e : fs::directory_iterator(path_)) {
+            out.insert(e.path().filename().string());
+        }
+        return out;
+    }
+
+    // Writes `text` to a file in the directory and returns its path.
+    std::string write(const std::string & name, const std::string & text) const {
+        const std::string p = (path_ / name).string();
+        std::ofstream(p, std::ios::binary) << text;
+        return p;
+    }
 
   private:
     fs::path path_;
