@@ -1,13 +1,12 @@
 // ecokv run: prefill a prompt in llama.cpp, compress the KV cache with any method, decode from the smaller
 // cache, and report memory, time and (with --compare-full) agreement with the full cache.
 #include "common/args.h"
+#include "common/session.h"
 #include "ecokv/capture.h"
 #include "ecokv/error.h"
 #include "ecokv/llama-adapter.h"
 #include "ecokv/llama-generate.h"
 
-#include <mtmd-helper.h>
-#include <mtmd.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -20,22 +19,7 @@ namespace {
 
 using ecokv::error;
 namespace el = ecokv::llama;
-
-struct model_deleter {
-    void operator()(llama_model * m) const { llama_model_free(m); }
-};
-
-bool g_verbose = false;
-
-void log_filter(ggml_log_level level, const char * text, void *) {
-    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) {
-        std::fputs(text, stderr);
-    }
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+using namespace ecokv::tools;
 
 std::string read_text(const std::string & path) {
     std::ifstream in(path);
@@ -45,23 +29,6 @@ std::string read_text(const std::string & path) {
     std::stringstream s;
     s << in.rdbuf();
     return s.str();
-}
-
-// The prompt split for question-agnostic use: the context (template prefix + context text) is compressed;
-// each question continues with the template's closing part.
-struct prompt_parts {
-    std::string context;
-    std::string question_suffix;  // appended after each question (template end, assistant prefix)
-};
-
-prompt_parts split_prompt(const llama_model * model, const std::string & context) {
-    const std::string marker   = "\x01" "ECOKV_QUESTION" "\x01";
-    const std::string rendered = el::chat_prompt(model, context + "\n" + marker);
-    const size_t      at       = rendered.find(marker);
-    if (at == std::string::npos) {
-        return { context + "\n", "" };
-    }
-    return { rendered.substr(0, at), rendered.substr(at + marker.size()) };
 }
 
 struct comparison {
@@ -84,65 +51,6 @@ comparison compare(llama_context * compressed, const el::generation & full, llam
         c.mean_kl /= c.n;
     }
     return c;
-}
-
-void restore(llama_context * ctx, const std::vector<uint8_t> & state) {
-    llama_memory_clear(llama_get_memory(ctx), true);
-    if (llama_state_seq_set_data(ctx, state.data(), state.size(), 0) != state.size()) {
-        throw error("cannot restore the sequence state");
-    }
-}
-
-std::vector<uint8_t> save(llama_context * ctx) {
-    std::vector<uint8_t> s(llama_state_seq_get_size(ctx, 0));
-    llama_state_seq_get_data(ctx, s.data(), s.size(), 0);
-    return s;
-}
-
-struct mtmd_deleter {
-    void operator()(mtmd_context * c) const { mtmd_free(c); }
-    void operator()(mtmd_bitmap * b) const { mtmd_bitmap_free(b); }
-    void operator()(mtmd_input_chunks * c) const { mtmd_input_chunks_free(c); }
-};
-
-// What the prefill leaves: the logits for the first new token, the cache's cells and the next position.
-struct prefill_result {
-    std::vector<float>   first_logits;
-    int32_t              n_tokens = 0;      // cells: text tokens + image/audio embeddings
-    int32_t              n_past   = 0;      // next position (M-RoPE images advance it by less than their tokens)
-    int32_t              n_media  = 0;      // image/audio tokens
-    std::vector<uint8_t> modality;          // per cell, empty for a text-only prompt
-};
-
-// Text prompt: plain token batches.
-prefill_result prefill_text(llama_context * ctx, const std::vector<llama_token> & tokens) {
-    prefill_result r;
-    r.first_logits = el::decode(ctx, tokens, 0);
-    r.n_tokens = r.n_past = int32_t(tokens.size());
-    return r;
-}
-
-// Multimodal prompt: mtmd chunks, evaluated by libmtmd; the modality of every cell comes from the chunk list.
-prefill_result prefill_chunks(mtmd_context * mctx, llama_context * ctx, const mtmd_input_chunks * chunks) {
-    prefill_result r;
-    for (size_t i = 0; i < mtmd_input_chunks_size(chunks); ++i) {
-        const mtmd_input_chunk * c    = mtmd_input_chunks_get(chunks, i);
-        const auto               type = mtmd_input_chunk_get_type(c);
-        const size_t             n    = mtmd_input_chunk_get_n_tokens(c);
-        const uint8_t m = type == MTMD_INPUT_CHUNK_TYPE_TEXT ? 0 : type == MTMD_INPUT_CHUNK_TYPE_IMAGE ? 1 : 2;
-        r.modality.insert(r.modality.end(), n, m);
-        r.n_media += m != 0 ? int32_t(n) : 0;
-    }
-    llama_pos n_past = 0;
-    if (mtmd_helper_eval_chunks(mctx, ctx, chunks, 0, 0, int32_t(llama_n_batch(ctx)), true, &n_past) != 0) {
-        throw error("evaluating the multimodal prompt failed");
-    }
-    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
-    const float * logits  = llama_get_logits_ith(ctx, -1);
-    r.first_logits.assign(logits, logits + n_vocab);
-    r.n_tokens = int32_t(r.modality.size());
-    r.n_past   = int32_t(n_past);
-    return r;
 }
 
 }  // namespace
@@ -179,7 +87,6 @@ int ecokv_run(int argc, char ** argv) {
         if (args.count("prompt") == args.count("file")) {
             throw error("give the prompt with exactly one of -p/--prompt and -f/--file");
         }
-        const std::string        model_path = args["model"].as<std::string>();
         const ecokv::method_spec spec       = ecokv::parse_method(args["method"].as<std::string>());
         ecokv::method_params     params     = ecokv::tools::method_params_from(args);
         params.validate(ecokv::method_window(spec, params));
@@ -189,17 +96,9 @@ int ecokv_run(int argc, char ** argv) {
         }
         const std::vector<std::string> questions =
             args.count("question") ? args["question"].as<std::vector<std::string>>() : std::vector<std::string>{};
-        g_verbose = args.count("verbose") > 0;
-        llama_log_set(log_filter, nullptr);
-        if (!std::filesystem::is_regular_file(model_path)) {
-            throw error(model_path + ": no such model file");
-        }
-        llama_backend_init();
-        std::unique_ptr<llama_model, model_deleter> model(
-            llama_model_load_from_file(model_path.c_str(), llama_model_default_params()));
-        if (!model) {
-            throw error(model_path + ": cannot load the model (not a GGUF llama.cpp 0.5.0 can read?)");
-        }
+        set_llama_verbose(args.count("verbose") > 0);
+        const int32_t   n_threads = args["threads"].as<int32_t>();
+        const model_ptr model     = load_model(args["model"].as<std::string>());
 
         // The prompt: the whole chat prompt, or the context part in question mode. Images go where the text has
         // the media marker, or before the text.
@@ -208,15 +107,9 @@ int ecokv_run(int argc, char ** argv) {
         if (images.empty() != (args.count("mmproj") == 0)) {
             throw error("--image needs --mmproj and --mmproj needs at least one --image");
         }
-        std::string text = args.count("prompt") ? args["prompt"].as<std::string>()
-                                                : read_text(args["file"].as<std::string>());
-        if (!images.empty() && text.find(mtmd_default_marker()) == std::string::npos) {
-            std::string markers;
-            for (size_t i = 0; i < images.size(); ++i) {
-                markers += std::string(mtmd_default_marker()) + "\n";
-            }
-            text = markers + text;
-        }
+        const std::string text = with_media_markers(
+            args.count("prompt") ? args["prompt"].as<std::string>() : read_text(args["file"].as<std::string>()),
+            images.size());
         const prompt_parts parts = questions.empty() ? prompt_parts{ el::chat_prompt(model.get(), text), "" }
                                                      : split_prompt(model.get(), text);
         std::vector<std::vector<llama_token>> question_tokens;
@@ -226,44 +119,10 @@ int ecokv_run(int argc, char ** argv) {
             n_question_max = std::max(n_question_max, int32_t(question_tokens.back().size()));
         }
 
-        std::unique_ptr<mtmd_context, mtmd_deleter>      mctx;
-        std::unique_ptr<mtmd_input_chunks, mtmd_deleter> chunks;
-        std::vector<llama_token>                         prompt;  // text-only prompts
-        int32_t                                          n_cells = 0;
-        if (images.empty()) {
-            prompt  = el::tokenize(model.get(), parts.context, true);
-            n_cells = int32_t(prompt.size());
-        } else {
-            const std::string mmproj = args["mmproj"].as<std::string>();
-            if (!std::filesystem::is_regular_file(mmproj)) {
-                throw error(mmproj + ": no such mmproj file");
-            }
-            mtmd_context_params mp = mtmd_context_params_default();
-            mp.use_gpu = mp.print_timings = mp.warmup = false;
-            mp.n_threads = args["threads"].as<int32_t>() > 0 ? args["threads"].as<int32_t>() : mp.n_threads;
-            mctx.reset(mtmd_init_from_file(mmproj.c_str(), model.get(), mp));
-            if (!mctx) {
-                throw error(mmproj + ": cannot load the projector (corrupt, or not made for this model?)");
-            }
-            std::vector<std::unique_ptr<mtmd_bitmap, mtmd_deleter>> bitmaps;
-            std::vector<const mtmd_bitmap *>                        bitmap_ptrs;
-            for (const std::string & path : images) {
-                bitmaps.emplace_back(
-                    mtmd_helper_bitmap_init_from_file(mctx.get(), path.c_str(), false, mtmd_helper_init_opt_default()).bitmap);
-                if (!bitmaps.back()) {
-                    throw error(path + ": cannot read the image");
-                }
-                bitmap_ptrs.push_back(bitmaps.back().get());
-            }
-            chunks.reset(mtmd_input_chunks_init());
-            const mtmd_input_text input{ parts.context.c_str(), parts.context.size(), true, true };
-            const int32_t rc = mtmd_tokenize(mctx.get(), chunks.get(), &input, bitmap_ptrs.data(), bitmap_ptrs.size());
-            if (rc != 0) {
-                throw error(rc == 1 ? "the prompt's media markers do not match the number of --image"
-                                    : "an image could not be preprocessed for this projector");
-            }
-            n_cells = int32_t(mtmd_helper_get_n_tokens(chunks.get()));
-        }
+        const projector_ptr projector =
+            images.empty() ? nullptr : load_projector(args["mmproj"].as<std::string>(), model.get(), n_threads);
+        const prompt  prompt(model.get(), projector.get(), parts.context, images);
+        const int32_t n_cells = prompt.n_cells();
         const int32_t n_extra = n_predict + n_question_max;
         const int32_t n_train = llama_model_n_ctx_train(model.get());
         if (n_cells + n_extra > n_train) {
@@ -274,23 +133,15 @@ int ecokv_run(int argc, char ** argv) {
         // Prefill with the query capture attached.
         const int32_t        window = ecokv::method_window(spec, params);
         el::query_capture    capture(model.get(), std::max(32, window), spec.scorer == "h2o");
-        llama_context_params cparams = llama_context_default_params();
-        cparams.n_ctx                = uint32_t(n_cells + n_extra);
-        cparams.n_batch              = uint32_t(std::min(n_cells + n_extra, 2048));
-        cparams.n_seq_max            = 1;
-        if (args["threads"].as<int32_t>() > 0) {
-            cparams.n_threads = cparams.n_threads_batch = args["threads"].as<int32_t>();
-        }
-        llama_context_params prefill_params = cparams;
+        const llama_context_params cparams        = context_params(n_cells + n_extra, n_threads);
+        llama_context_params       prefill_params = cparams;
         capture.attach(prefill_params);
         el::context_ptr ctx(llama_init_from_model(model.get(), prefill_params));
         if (!ctx) {
             throw error("cannot create a context of " + std::to_string(cparams.n_ctx) + " cells");
         }
-        auto                 t0 = std::chrono::steady_clock::now();
-        const prefill_result pr = images.empty() ? prefill_text(ctx.get(), prompt)
-                                                 : prefill_chunks(mctx.get(), ctx.get(), chunks.get());
-        const double         prefill_s    = seconds_since(t0);
+        const prefill_result pr           = prompt.prefill(ctx.get());
+        const double         prefill_s    = pr.seconds;
         const int32_t        n_prompt     = pr.n_tokens;
         const int32_t        n_past       = pr.n_past;
         const auto &         first_logits = pr.first_logits;
@@ -310,7 +161,7 @@ int ecokv_run(int argc, char ** argv) {
             { "kv_bytes_kept", cc.kv_bytes_kept }, { "cells_per_head", cc.n_cells }, { "prefill_s", prefill_s },
             { "compress_s", cc.select_seconds + cc.rebuild_seconds },
         };
-        const std::vector<uint8_t> full_state = args.count("compare-full") ? save(ctx.get()) : std::vector<uint8_t>{};
+        const std::vector<uint8_t> full_state = args.count("compare-full") ? save_state(ctx.get()) : std::vector<uint8_t>{};
         nlohmann::json             answers    = nlohmann::json::array();
         double                     decode_s = 0, agreement = 0, mean_kl = 0;
         int64_t                    n_decoded = 0, n_compared = 0;
@@ -320,7 +171,7 @@ int ecokv_run(int argc, char ** argv) {
             llama_pos          pos    = n_past;
             if (!questions.empty()) {
                 if (qi > 0) {
-                    restore(cc.ctx.get(), cc.state);
+                    restore_state(cc.ctx.get(), cc.state);
                 }
                 logits = el::decode(cc.ctx.get(), question_tokens[qi], pos);
                 pos += llama_pos(question_tokens[qi].size());
@@ -335,11 +186,11 @@ int ecokv_run(int argc, char ** argv) {
             if (args.count("compare-full")) {
                 std::vector<float> full_logits = first_logits;
                 if (!questions.empty()) {
-                    restore(ctx.get(), full_state);
+                    restore_state(ctx.get(), full_state);
                     full_logits = el::decode(ctx.get(), question_tokens[qi], n_past);
                 }
                 const el::generation full = el::greedy(ctx.get(), full_logits, pos, n_predict, true);
-                restore(cc.ctx.get(), cc.state);
+                restore_state(cc.ctx.get(), cc.state);
                 if (!questions.empty()) {
                     el::decode(cc.ctx.get(), question_tokens[qi], n_past);
                 }
@@ -351,7 +202,7 @@ int ecokv_run(int argc, char ** argv) {
                 mean_kl += c.mean_kl * c.n;
                 n_compared += c.n;
                 if (!questions.empty() || qi + 1 < n_runs) {
-                    restore(ctx.get(), full_state);
+                    restore_state(ctx.get(), full_state);
                 }
             }
             answers.push_back(answer);
