@@ -17,6 +17,15 @@ struct prefill_state::impl {
 
 namespace {
 
+// LongRoPE picks its RoPE factors from the context size (llama_model::get_rope_factors): a smaller decode context
+// could rotate new tokens with other factors than the cached keys.
+bool uses_longrope(const llama_model * model) {
+    char arch[64] = {}, type[64] = {};
+    llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
+    llama_model_meta_val_str(model, (std::string(arch) + ".rope.scaling.type").c_str(), type, sizeof type);
+    return std::string(type) == "longrope";
+}
+
 bool uses_cell_ext(const llama_model * model) {
     const llama_rope_type t = llama_model_rope_type(model);
     return t == LLAMA_ROPE_TYPE_MROPE || t == LLAMA_ROPE_TYPE_IMROPE;
@@ -56,6 +65,12 @@ prefill_state::prefill_state(llama_context * ctx, const query_capture & capture,
     impl_(std::make_unique<impl>()) {
     const llama_model * model = llama_get_model(ctx);
     const int32_t       n_kv  = llama_model_n_head_kv(model);
+    if (uses_longrope(model)) {
+        throw error("LongRoPE models are not supported: their RoPE factors depend on the context size");
+    }
+    if (!capture.error().empty()) {
+        throw error("query capture failed: " + capture.error());
+    }
     impl_->blob = std::make_unique<state_blob>(read_sequence(ctx, seq), uses_cell_ext(model), n_kv);
     const state_blob & b = *impl_->blob;
     if (capture.n_tokens() != b.n_cells()) {
@@ -75,6 +90,10 @@ prefill_state::prefill_state(llama_context * ctx, const query_capture & capture,
     v.model = desc;
     for (int32_t il = 0; il < b.n_layers(); ++il) {
         v.layers.push_back({ b.keys(il), b.values(il), capture.queries(il), capture.full_queries(il) });
+        if (v.layers.back().queries.ne[1] != v.n_queries) {
+            throw error("layer " + std::to_string(il) + " has no post-RoPE queries (models with RoPE-free or ALiBi "
+                        "layers are not supported yet)");
+        }
     }
     if (!modality.empty() && int32_t(modality.size()) != b.n_cells()) {
         throw error("modality map has " + std::to_string(modality.size()) + " entries for " +

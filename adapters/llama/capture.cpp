@@ -20,6 +20,7 @@ struct query_capture::impl {
     // Per layer: rows [token][head][head_dim]; the window keeps the last n_queries tokens.
     std::vector<std::vector<float>> window, all;
     std::vector<int32_t>            seen;  // tokens recorded per layer
+    std::string                     failure;  // an exception must not cross ggml's C callback
 
     static bool callback(ggml_tensor * t, bool ask, void * user_data);
     void        record(const ggml_tensor * t, int32_t il);
@@ -47,7 +48,12 @@ bool query_capture::impl::callback(ggml_tensor * t, bool ask, void * user_data) 
         return self->active && il >= 0 && il < self->n_layers;
     }
     if (self->active && il >= 0 && il < self->n_layers) {
-        self->record(t, il);
+        try {
+            self->record(t, il);
+        } catch (const std::exception & e) {
+            self->failure = e.what();
+            self->active  = false;
+        }
     }
     return true;  // never cancel the graph
 }
@@ -93,6 +99,8 @@ void query_capture::attach(llama_context_params & params) {
 }
 
 void query_capture::set_active(bool active) { impl_->active = active; }
+
+std::string query_capture::error() const { return impl_->failure; }
 
 int32_t query_capture::n_tokens() const { return impl_->seen.empty() ? 0 : impl_->seen[0]; }
 

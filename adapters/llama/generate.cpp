@@ -47,6 +47,9 @@ std::string chat_prompt(const llama_model * model, const std::string & user) {
 }
 
 std::vector<float> decode(llama_context * ctx, const std::vector<llama_token> & tokens, llama_pos pos0) {
+    if (tokens.empty()) {
+        throw error("nothing to decode (empty text)");
+    }
     const int32_t n_batch = int32_t(llama_n_batch(ctx));
     llama_batch   batch   = llama_batch_init(n_batch, 0, 1);
     for (size_t first = 0; first < tokens.size(); first += size_t(n_batch)) {
@@ -66,8 +69,15 @@ std::vector<float> decode(llama_context * ctx, const std::vector<llama_token> & 
         }
     }
     llama_batch_free(batch);
+    return last_logits(ctx);
+}
+
+std::vector<float> last_logits(llama_context * ctx) {
     const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
     const float * logits  = llama_get_logits_ith(ctx, -1);
+    if (logits == nullptr) {
+        throw error("llama.cpp computed no logits for the last position (a prompt must end with text)");
+    }
     return std::vector<float>(logits, logits + n_vocab);
 }
 

@@ -133,9 +133,7 @@ prefill_result prompt::prefill(llama_context * ctx) const {
         if (mtmd_helper_eval_chunks(projector_, ctx, chunks_.get(), 0, 0, int32_t(llama_n_batch(ctx)), true, &n_past) != 0) {
             throw error("evaluating the multimodal prompt failed");
         }
-        const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model_));
-        const float * logits  = llama_get_logits_ith(ctx, -1);
-        r.first_logits.assign(logits, logits + n_vocab);
+        r.first_logits = llama::last_logits(ctx);
         r.n_tokens = n_cells_;
         r.n_past   = int32_t(n_past);
     }

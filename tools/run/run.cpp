@@ -38,12 +38,19 @@ struct comparison {
 
 // Teacher forcing: the full cache's greedy tokens are fed to the compressed cache; at each step compare the
 // next-token distributions (KL) and their argmax.
-comparison compare(llama_context * compressed, const el::generation & full, llama_pos pos) {
-    comparison                            c;
-    const std::vector<std::vector<float>> q = el::force(compressed, full.tokens, pos);
+// `first`: the compressed cache's logits for the first answer token when they can differ from the full cache's
+// (question mode: the question was decoded on the compressed cache); null when the prefill computed both.
+comparison compare(llama_context * compressed, const el::generation & full, llama_pos pos, const std::vector<float> * first) {
+    comparison                      c;
+    std::vector<std::vector<float>> q = el::force(compressed, full.tokens, pos);
+    size_t                          i0 = 1;  // index in full.tokens of the token q[0] predicts
+    if (first != nullptr) {
+        q.insert(q.begin(), *first);
+        i0 = 0;
+    }
     for (size_t i = 0; i < q.size(); ++i) {
-        c.agreement += el::argmax(q[i]) == full.tokens[i + 1];
-        c.mean_kl += el::kl_divergence(full.logits[i + 1], q[i]);
+        c.agreement += el::argmax(q[i]) == full.tokens[i + i0];
+        c.mean_kl += el::kl_divergence(full.logits[i + i0], q[i]);
         ++c.n;
     }
     if (c.n > 0) {
@@ -91,11 +98,16 @@ int ecokv_run(int argc, char ** argv) {
         ecokv::method_params     params     = ecokv::tools::method_params_from(args);
         params.validate(ecokv::method_window(spec, params));
         const int32_t n_predict = args["n-predict"].as<int32_t>();
-        if (n_predict < 1) {
-            throw error("-n " + std::to_string(n_predict) + " must be at least 1");
+        if (n_predict < 1 || n_predict > 1000000) {
+            throw error("-n " + std::to_string(n_predict) + " must lie in [1, 1000000]");
         }
         const std::vector<std::string> questions =
             args.count("question") ? args["question"].as<std::vector<std::string>>() : std::vector<std::string>{};
+        for (const std::string & q : questions) {
+            if (q.empty()) {
+                throw error("--question must not be empty");
+            }
+        }
         set_llama_verbose(args.count("verbose") > 0);
         const int32_t   n_threads = args["threads"].as<int32_t>();
         const model_ptr model     = load_model(args["model"].as<std::string>());
@@ -125,7 +137,7 @@ int ecokv_run(int argc, char ** argv) {
         const int32_t n_cells = prompt.n_cells();
         const int32_t n_extra = n_predict + n_question_max;
         const int32_t n_train = llama_model_n_ctx_train(model.get());
-        if (n_cells + n_extra > n_train) {
+        if (int64_t(n_cells) + n_extra > n_train) {
             throw error("prompt of " + std::to_string(n_cells) + " tokens plus " + std::to_string(n_extra) +
                         " new ones exceeds the model's context of " + std::to_string(n_train));
         }
@@ -147,21 +159,28 @@ int ecokv_run(int argc, char ** argv) {
         const auto &         first_logits = pr.first_logits;
         capture.set_active(false);
 
-        const el::prefill_state state(ctx.get(), capture, pr.modality);
+        // The prefill's state (a host copy of the full cache) lives only until the compressed cache exists; the
+        // full context itself only when --compare-full needs it.
+        auto state = std::make_unique<el::prefill_state>(ctx.get(), capture, pr.modality);
         if (args.count("dump-capture")) {
-            ecokv::write_capture(args["dump-capture"].as<std::string>(), state.view());
+            ecokv::write_capture(args["dump-capture"].as<std::string>(), state->view());
         }
-        const el::compressed_cache cc = el::compress_context(model.get(), state, spec, params, n_extra, cparams);
-        const uint64_t kv_full = el::kv_bytes_allocated(ctx.get(), state.kv_bytes_per_cell());
+        const el::compressed_cache cc = el::compress_context(model.get(), *state, spec, params, n_extra, cparams);
+        const uint64_t     kv_full    = el::kv_bytes_allocated(ctx.get(), state->kv_bytes_per_cell());
+        const std::string  model_desc = state->view().model;
+        state.reset();
+        const std::vector<uint8_t> full_state = args.count("compare-full") ? save_state(ctx.get()) : std::vector<uint8_t>{};
+        if (!args.count("compare-full")) {
+            ctx.reset();
+        }
 
         nlohmann::json out = {
-            { "model", state.view().model },      { "method", cc.sel.method },     { "budget", params.budget },
+            { "model", model_desc },              { "method", cc.sel.method },     { "budget", params.budget },
             { "window", cc.sel.window },          { "prompt_tokens", n_prompt },   { "image_tokens", pr.n_media },
             { "kv_bytes_full", kv_full },         { "kv_bytes_compressed", cc.kv_bytes_alloc },
             { "kv_bytes_kept", cc.kv_bytes_kept }, { "cells_per_head", cc.n_cells }, { "prefill_s", prefill_s },
             { "compress_s", cc.select_seconds + cc.rebuild_seconds },
         };
-        const std::vector<uint8_t> full_state = args.count("compare-full") ? save_state(ctx.get()) : std::vector<uint8_t>{};
         nlohmann::json             answers    = nlohmann::json::array();
         double                     decode_s = 0, agreement = 0, mean_kl = 0;
         int64_t                    n_decoded = 0, n_compared = 0;
@@ -191,13 +210,14 @@ int ecokv_run(int argc, char ** argv) {
                 }
                 const el::generation full = el::greedy(ctx.get(), full_logits, pos, n_predict, true);
                 restore_state(cc.ctx.get(), cc.state);
+                std::vector<float> first;
                 if (!questions.empty()) {
-                    el::decode(cc.ctx.get(), question_tokens[qi], n_past);
+                    first = el::decode(cc.ctx.get(), question_tokens[qi], n_past);
                 }
-                const comparison c = compare(cc.ctx.get(), full, pos);
+                const comparison c = compare(cc.ctx.get(), full, pos, questions.empty() ? nullptr : &first);
                 answer["full_text"] = el::detokenize(model.get(), full.tokens);
-                answer["agreement"] = c.agreement;
-                answer["mean_kl"]   = c.mean_kl;
+                answer["agreement"] = c.n ? nlohmann::json(c.agreement) : nlohmann::json(nullptr);
+                answer["mean_kl"]   = c.n ? nlohmann::json(c.mean_kl) : nlohmann::json(nullptr);
                 agreement += c.agreement * c.n;
                 mean_kl += c.mean_kl * c.n;
                 n_compared += c.n;

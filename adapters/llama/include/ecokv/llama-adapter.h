@@ -37,6 +37,7 @@ class query_capture {
     void set_active(bool active);
 
     int32_t     n_tokens() const;                // prompt tokens recorded
+    std::string error() const;                   // why recording failed (allocation), or empty
     tensor_view queries(int32_t il) const;       // [n_heads, min(n_queries, n_tokens), head_dim] F32
     tensor_view full_queries(int32_t il) const;  // [n_heads, n_tokens, head_dim] F32, or empty
 
@@ -72,7 +73,7 @@ class prefill_state {
 struct compressed_cache {
     context_ptr          ctx;
     selection            sel;
-    std::vector<uint8_t> state;                  // the compacted sequence state (restore it to reuse the cache)
+    std::vector<uint8_t> state;                  // the compacted sequence state (restore it into ctx to reuse it)
     std::vector<float>   bias;                   // per-head padding bias (non-uniform budgets), else empty
     int32_t              n_cells          = 0;   // cells holding kept entries
     uint64_t             kv_bytes_alloc   = 0;   // KV bytes allocated by the new context
@@ -82,7 +83,9 @@ struct compressed_cache {
 };
 
 // Selects with method/params on `state` and loads the kept entries into a new context created from
-// `model` with `cparams`, its n_ctx set to the kept cells plus n_extra (llama.cpp pads to 256).
+// `model` with `cparams`, its n_ctx set to the kept cells plus n_extra (llama.cpp pads to 256). `cparams` must
+// have the prefill context's flash-attention setting: it decides the V layout of the state. The padding bias of
+// non-uniform budgets is set on the new context; restoring `state` elsewhere needs `bias` too.
 compressed_cache compress_context(const llama_model * model, const prefill_state & state, const method_spec & spec,
                                   const method_params & params, int32_t n_extra, llama_context_params cparams);
 

@@ -39,4 +39,7 @@ double kl_divergence(const std::vector<float> & p_logits, const std::vector<floa
 
 llama_token argmax(const std::vector<float> & logits);
 
+// The logits of the last decoded position; throws when llama.cpp computed none.
+std::vector<float> last_logits(llama_context * ctx);
+
 }  // namespace ecokv::llama
