@@ -5,8 +5,10 @@
 int ecokv_compress(int argc, char ** argv);
 int ecokv_synth_capture(int argc, char ** argv);
 int ecokv_metric(int argc, char ** argv);
+int ecokv_report(int argc, char ** argv);
 #ifdef ECOKV_HAVE_LLAMA
 int ecokv_run(int argc, char ** argv);
+int ecokv_eval(int argc, char ** argv);
 #endif
 
 namespace {
@@ -20,7 +22,9 @@ struct command {
 const command k_commands[] = {
 #ifdef ECOKV_HAVE_LLAMA
     { "run",           "prefill a GGUF model, compress its KV cache, decode from the smaller cache", ecokv_run },
+    { "eval",          "run a benchmark for every method x budget, resumable, shardable", ecokv_eval },
 #endif
+    { "report",        "merge eval results into a methods x budgets table (Markdown, CSV, JSON)", ecokv_report },
     { "compress",      "select the kept KV entries of a capture with any method", ecokv_compress },
     { "synth-capture", "write a realistic random capture (demos, tests, benchmarks)", ecokv_synth_capture },
     { "metric",        "score predictions with a benchmark's official metric", ecokv_metric },

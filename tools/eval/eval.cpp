@@ -1,0 +1,274 @@
+// ecokv eval: every item of a dataset once per (method, budget) through llama.cpp, one prefill per item,
+// results appended to JSONL as they come, so a killed run resumes where it stopped; --shard splits the items.
+#include "common/args.h"
+#include "common/session.h"
+#include "ecokv/datasets.h"
+#include "ecokv/error.h"
+#include "ecokv/llama-adapter.h"
+#include "ecokv/llama-generate.h"
+#include "ecokv/metrics.h"
+#include "ecokv/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace {
+
+using ecokv::error;
+using json   = nlohmann::json;
+namespace el = ecokv::llama;
+namespace fs = std::filesystem;
+using namespace ecokv::tools;
+
+std::vector<std::string> split_list(const std::string & s) {
+    std::vector<std::string> out;
+    std::stringstream        in(s);
+    for (std::string part; std::getline(in, part, ',');) {
+        if (!part.empty()) {
+            out.push_back(part);
+        }
+    }
+    return out;
+}
+
+std::pair<int32_t, int32_t> parse_shard(const std::string & s) {
+    const size_t slash = s.find('/');
+    try {
+        const int i = std::stoi(s.substr(0, slash)), n = std::stoi(s.substr(slash + 1));
+        if (slash != std::string::npos && n >= 1 && i >= 0 && i < n) {
+            return { i, n };
+        }
+    } catch (const std::exception &) {
+    }
+    throw error("--shard '" + s + "' must be i/n with 0 <= i < n");
+}
+
+std::string key(const std::string & id, const std::string & method, int32_t budget) {
+    return id + "\x1f" + method + "\x1f" + std::to_string(budget);
+}
+
+// Reads the results already written (resume) and cuts a last line left half-written by a killed run.
+std::set<std::string> load_done(const std::string & path) {
+    std::set<std::string> done;
+    std::ifstream         in(path);
+    std::string           line;
+    std::streamoff        good_end = 0;
+    while (std::getline(in, line)) {
+        try {
+            const json j = json::parse(line);
+            done.insert(key(j.at("id"), j.at("method"), j.at("budget")));
+            good_end = in.tellg();
+        } catch (const std::exception &) {
+            break;
+        }
+    }
+    in.close();
+    if (fs::exists(path) && std::streamoff(fs::file_size(path)) != good_end && good_end >= 0) {
+        fs::resize_file(path, uintmax_t(good_end));
+    }
+    return done;
+}
+
+// The first line of the answer, trimmed: short-answer benchmarks score that.
+std::string answer_text(std::string s) {
+    s = s.substr(0, s.find('\n'));
+    const size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
+    return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+void progress(size_t done, size_t total, double elapsed) {
+    const double eta = done ? elapsed / double(done) * double(total - done) : 0.0;
+    std::fprintf(stderr, "\r[eval] %zu/%zu items (%3.0f%%), elapsed %.0fs, ETA %.0fs   ", done, total,
+                 total ? 100.0 * double(done) / double(total) : 100.0, elapsed, eta);
+    std::fflush(stderr);
+}
+
+}  // namespace
+
+int ecokv_eval(int argc, char ** argv) {
+    return run_command("eval", [&] {
+        cxxopts::Options options("ecokv eval", "Run a dataset through llama.cpp for every method and budget.");
+        // clang-format off
+        options.add_options()
+            ("model", "GGUF model", cxxopts::value<std::string>())
+            ("mmproj", "multimodal projector GGUF (for datasets with images)", cxxopts::value<std::string>())
+            ("dataset", "dataset name (see --list-datasets)", cxxopts::value<std::string>())
+            ("data", "directory holding the dataset's official files", cxxopts::value<std::string>()->default_value(""))
+            ("methods", "comma-separated methods; `full` is the uncompressed cache", cxxopts::value<std::string>())
+            ("budgets", "comma-separated budgets", cxxopts::value<std::string>()->default_value("64,128,256"))
+            ("mode", "prompt: question inside the compressed prompt (the papers); agnostic: compress the context, then ask",
+                cxxopts::value<std::string>()->default_value("prompt"))
+            ("limit", "only the first N items", cxxopts::value<int32_t>()->default_value("0"))
+            ("shard", "i/n: this process runs items i, i+n, i+2n, ...", cxxopts::value<std::string>()->default_value("0/1"))
+            ("n,n-predict", "answer tokens", cxxopts::value<int32_t>()->default_value("16"))
+            ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
+            ("out", "results directory", cxxopts::value<std::string>())
+            ("list-datasets", "list the datasets and exit")
+            ("verbose", "show llama.cpp's log")
+            ("h,help", "show this help");
+        // clang-format on
+        add_method_options(options);
+        const auto args = options.parse(argc, argv);
+        if (args.count("help")) {
+            std::printf("%s\n", options.help({ "", "method" }).c_str());
+            return 0;
+        }
+        if (args.count("list-datasets")) {
+            for (const auto & d : ecokv::list_datasets()) {
+                std::printf("%-10s %-9s %s\n", d.name.c_str(), d.metric.c_str(), d.description.c_str());
+            }
+            return 0;
+        }
+        reject_positional(args);
+        require(args, { "model", "dataset", "methods", "out" });
+        const ecokv::dataset_info & dataset = ecokv::find_dataset(args["dataset"].as<std::string>());
+        const std::string           mode    = args["mode"].as<std::string>();
+        if (mode != "prompt" && mode != "agnostic") {
+            throw error("--mode must be prompt or agnostic, not '" + mode + "'");
+        }
+        std::vector<std::string> methods = split_list(args["methods"].as<std::string>());
+        for (std::string & m : methods) {  // canonical names: results of "snapkv+mixkv" and "mixkv" merge
+            m = m == "full" ? m : ecokv::parse_method(m).name();
+        }
+        std::vector<int32_t>           budgets;
+        for (const std::string & b : split_list(args["budgets"].as<std::string>())) {
+            budgets.push_back(std::stoi(b));
+        }
+        const ecokv::method_params base = method_params_from(args);
+        for (const std::string & m : methods) {  // fail on a bad method or budget before any work
+            if (m != "full") {
+                for (int32_t b : budgets) {
+                    ecokv::method_params p = base;
+                    p.budget               = b;
+                    p.validate(ecokv::method_window(ecokv::parse_method(m), p));
+                }
+            }
+        }
+        const auto [shard, n_shards] = parse_shard(args["shard"].as<std::string>());
+        const int32_t n_predict      = args["n-predict"].as<int32_t>();
+        const int32_t n_threads      = args["threads"].as<int32_t>();
+
+        std::vector<ecokv::eval_item> items = ecokv::load_dataset(dataset.name, args["data"].as<std::string>());
+        if (const int32_t limit = args["limit"].as<int32_t>(); limit > 0 && size_t(limit) < items.size()) {
+            items.resize(size_t(limit));
+        }
+        std::vector<const ecokv::eval_item *> mine;
+        for (size_t i = 0; i < items.size(); ++i) {
+            if (int32_t(i % size_t(n_shards)) == shard) {
+                mine.push_back(&items[i]);
+            }
+        }
+
+        const std::string out_dir = args["out"].as<std::string>();
+        fs::create_directories(out_dir);
+        const json config = { { "dataset", dataset.name }, { "metric", dataset.metric }, { "mode", mode },
+                              { "model", fs::path(args["model"].as<std::string>()).filename().string() },
+                              { "n_predict", n_predict } };
+        const std::string config_path = out_dir + "/config.json";
+        if (fs::exists(config_path)) {
+            std::ifstream in(config_path);
+            if (json::parse(in) != config) {
+                throw error(config_path + " describes another run (dataset, model, mode or -n differ)");
+            }
+        } else {
+            ecokv::write_file_atomic(config_path, config.dump(2) + "\n");
+        }
+        const std::string results = out_dir + "/results" +
+                                    (n_shards > 1 ? ".shard-" + std::to_string(shard) + "-of-" + std::to_string(n_shards) : "") +
+                                    ".jsonl";
+        const std::set<std::string> done = load_done(results);
+        std::ofstream               out(results, std::ios::app);
+
+        set_llama_verbose(args.count("verbose") > 0);
+        const model_ptr     model     = load_model(args["model"].as<std::string>());
+        const projector_ptr projector = args.count("mmproj") ? load_projector(args["mmproj"].as<std::string>(), model.get(), n_threads)
+                                                             : nullptr;
+        bool needs_full_queries = false;
+        for (const std::string & m : methods) {
+            needs_full_queries = needs_full_queries || (m != "full" && ecokv::parse_method(m).scorer == "h2o");
+        }
+
+        const auto t_start = std::chrono::steady_clock::now();
+        for (size_t k = 0; k < mine.size(); ++k) {
+            const ecokv::eval_item & item = *mine[k];
+            progress(k, mine.size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+            std::vector<std::pair<std::string, int32_t>> todo;
+            for (const std::string & m : methods) {
+                for (int32_t b : m == "full" ? std::vector<int32_t>{ 0 } : budgets) {
+                    if (!done.count(key(item.id, m, b))) {
+                        todo.emplace_back(m, b);
+                    }
+                }
+            }
+            if (todo.empty()) {
+                continue;
+            }
+            // One prefill per item; every method compresses from it.
+            const std::string context = with_media_markers(item.context, item.images.size());
+            prompt_parts      parts;
+            if (mode == "prompt") {
+                parts = { el::chat_prompt(model.get(), context.empty() ? item.question : context + "\n" + item.question), "" };
+            } else {
+                parts = split_prompt(model.get(), context);
+            }
+            const std::vector<llama_token> question =
+                mode == "agnostic" ? el::tokenize(model.get(), item.question + parts.question_suffix, false)
+                                   : std::vector<llama_token>{};
+            const prompt         prompt(model.get(), projector.get(), parts.context, item.images);
+            const int32_t        n_extra = n_predict + int32_t(question.size());
+            const auto           cparams = context_params(prompt.n_cells() + n_extra, n_threads);
+            el::query_capture    capture(model.get(), 32, needs_full_queries);
+            llama_context_params pparams = cparams;
+            capture.attach(pparams);
+            el::context_ptr ctx(llama_init_from_model(model.get(), pparams));
+            if (!ctx) {
+                throw error("item " + item.id + ": cannot create a context of " + std::to_string(pparams.n_ctx) + " cells");
+            }
+            const prefill_result       pr = prompt.prefill(ctx.get());
+            capture.set_active(false);
+            const el::prefill_state    state(ctx.get(), capture, pr.modality);
+            const std::vector<uint8_t> full_state = save_state(ctx.get());
+            const uint64_t             kv_full    = el::kv_bytes_allocated(ctx.get(), state.kv_bytes_per_cell());
+
+            for (const auto & [method, budget] : todo) {
+                llama_context *      dec = ctx.get();
+                el::compressed_cache cc;
+                json rec = { { "id", item.id }, { "method", method }, { "budget", budget }, { "type", item.type },
+                             { "answers", item.answers }, { "prompt_tokens", pr.n_tokens }, { "image_tokens", pr.n_media },
+                             { "kv_bytes_full", kv_full }, { "prefill_s", pr.seconds } };
+                if (method == "full") {
+                    restore_state(ctx.get(), full_state);
+                    rec["kv_bytes_compressed"] = kv_full;
+                    rec["compress_s"]          = 0.0;
+                } else {
+                    ecokv::method_params p = base;
+                    p.budget               = budget;
+                    cc  = el::compress_context(model.get(), state, ecokv::parse_method(method), p, n_extra, cparams);
+                    dec = cc.ctx.get();
+                    rec["kv_bytes_compressed"] = cc.kv_bytes_alloc;
+                    rec["compress_s"]          = cc.select_seconds + cc.rebuild_seconds;
+                }
+                std::vector<float> logits = pr.first_logits;
+                llama_pos          pos    = pr.n_past;
+                if (!question.empty()) {
+                    logits = el::decode(dec, question, pos);
+                    pos += llama_pos(question.size());
+                }
+                const el::generation gen = el::greedy(dec, logits, pos, n_predict, false);
+                rec["prediction"]        = answer_text(el::detokenize(model.get(), gen.tokens));
+                rec["decode_s"]          = gen.seconds;
+                out << rec.dump() << "\n";
+                out.flush();  // a killed run loses nothing that was answered
+            }
+        }
+        progress(mine.size(), mine.size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+        std::fprintf(stderr, "\n[eval] results in %s\n", results.c_str());
+        return 0;
+    });
+}

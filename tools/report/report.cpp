@@ -1,0 +1,169 @@
+// ecokv report: merge the results of `ecokv eval` runs (shards, resumed runs) into a table shaped like the
+// papers' Table 1: methods x budgets with the dataset's metric, FullKV first, deltas against MixKV.
+#include "common/args.h"
+#include "ecokv/error.h"
+#include "ecokv/metrics.h"
+#include "ecokv/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace {
+
+using ecokv::error;
+using json   = nlohmann::json;
+namespace fs = std::filesystem;
+
+struct cell_key {
+    std::string method;
+    int32_t     budget;
+    bool operator<(const cell_key & o) const { return std::tie(method, budget) < std::tie(o.method, o.budget); }
+};
+
+struct dataset_results {
+    std::string                                                      metric;
+    std::map<cell_key, std::map<std::string, ecokv::metric_item>>    items;  // (method, budget) -> id -> item
+    std::vector<std::string>                                         method_order;
+};
+
+void read_dir(const std::string & dir, std::map<std::string, dataset_results> & out) {
+    std::ifstream cfg_in(dir + "/config.json");
+    if (!cfg_in) {
+        throw error(dir + ": no config.json (not an ecokv eval results directory)");
+    }
+    const json        cfg     = json::parse(cfg_in);
+    dataset_results & results = out[cfg.at("dataset").get<std::string>()];
+    results.metric            = cfg.at("metric").get<std::string>();
+    std::vector<fs::path> files;
+    for (const auto & e : fs::directory_iterator(dir)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind("results", 0) == 0 && e.path().extension() == ".jsonl") {
+            files.push_back(e.path());
+        }
+    }
+    std::sort(files.begin(), files.end());
+    for (const fs::path & f : files) {
+        std::ifstream in(f);
+        std::string   line;
+        for (int n = 1; std::getline(in, line); ++n) {
+            json j;
+            try {
+                j = json::parse(line);
+            } catch (const json::exception &) {
+                break;  // a half-written last line of a killed run
+            }
+            const std::string method = j.at("method");
+            if (std::find(results.method_order.begin(), results.method_order.end(), method) == results.method_order.end()) {
+                results.method_order.push_back(method);
+            }
+            results.items[{ method, j.at("budget").get<int32_t>() }][j.at("id").get<std::string>()] = {
+                j.at("prediction").get<std::string>(), j.at("answers").get<std::vector<std::string>>(),
+                j.value("type", std::string())
+            };
+        }
+    }
+}
+
+std::string label(const std::string & method) { return method == "full" ? "FullKV" : method; }
+
+}  // namespace
+
+int ecokv_report(int argc, char ** argv) {
+    return ecokv::tools::run_command("report", [&] {
+        cxxopts::Options options("ecokv report", "Merge ecokv eval results into a methods x budgets table.");
+        // clang-format off
+        options.add_options()
+            ("dirs", "results directories", cxxopts::value<std::vector<std::string>>())
+            ("out", "write OUT.md, OUT.csv and OUT.json (default: report.* in the first directory)", cxxopts::value<std::string>())
+            ("h,help", "show this help");
+        // clang-format on
+        options.parse_positional({ "dirs" });
+        options.positional_help("DIR...");
+        const auto args = options.parse(argc, argv);
+        if (args.count("help")) {
+            std::printf("%s\n", options.help().c_str());
+            return 0;
+        }
+        ecokv::tools::require(args, { "dirs" });
+        const auto dirs = args["dirs"].as<std::vector<std::string>>();
+        std::map<std::string, dataset_results> all;
+        for (const std::string & d : dirs) {
+            read_dir(d, all);
+        }
+        std::ostringstream md, csv;
+        json               js = json::object();
+        csv << "dataset,metric,method,budget,score,n,delta_vs_mixkv\n";
+        for (auto & [dataset, res] : all) {
+            std::vector<int32_t> budgets;
+            for (const auto & [k, v] : res.items) {
+                if (k.method != "full" && std::find(budgets.begin(), budgets.end(), k.budget) == budgets.end()) {
+                    budgets.push_back(k.budget);
+                }
+            }
+            std::sort(budgets.rbegin(), budgets.rend());  // as the papers: 256, 128, 64
+            std::stable_partition(res.method_order.begin(), res.method_order.end(),
+                                  [](const std::string & m) { return m == "full"; });
+            std::map<cell_key, std::pair<double, size_t>> score;
+            for (const auto & [k, by_id] : res.items) {
+                std::vector<ecokv::metric_item> items;
+                for (const auto & [id, it] : by_id) {
+                    items.push_back(it);
+                }
+                const ecokv::metric_result r = ecokv::evaluate(res.metric, items);
+                score[k]                     = { 100.0 * r.score, r.n };
+            }
+            const std::string mixkv = "uniform+mixkv";
+            md << "## " << dataset << " (" << res.metric << ", x100)\n\n| method |";
+            for (int32_t b : budgets) {
+                md << " " << b << " |";
+            }
+            md << "\n|---|";
+            for (size_t i = 0; i < budgets.size(); ++i) {
+                md << "---:|";
+            }
+            md << "\n";
+            for (const std::string & m : res.method_order) {
+                md << "| " << label(m) << " |";
+                for (int32_t b : budgets) {
+                    const cell_key k{ m, m == "full" ? 0 : b };
+                    if (!score.count(k)) {
+                        md << " - |";
+                        continue;
+                    }
+                    const double s = score[k].first;
+                    char         buf[64];
+                    std::snprintf(buf, sizeof buf, " %.1f", s);
+                    md << buf;
+                    std::string delta;
+                    if (m != mixkv && m != "full" && score.count({ mixkv, b })) {
+                        std::snprintf(buf, sizeof buf, " (%+.1f)", s - score[{ mixkv, b }].first);
+                        md << buf;
+                        delta = std::to_string(s - score[{ mixkv, b }].first);
+                    }
+                    md << " |";
+                    if (m != "full" || b == budgets.front()) {
+                        csv << dataset << "," << res.metric << "," << label(m) << "," << k.budget << "," << s << ","
+                            << score[k].second << "," << delta << "\n";
+                        js[dataset]["metric"] = res.metric;
+                        js[dataset]["scores"].push_back(
+                            { { "method", label(m) }, { "budget", k.budget }, { "score", s }, { "n", score[k].second } });
+                    }
+                }
+                md << "\n";
+            }
+            md << "\n";
+        }
+        std::fputs(md.str().c_str(), stdout);
+        const std::string prefix = args.count("out") ? args["out"].as<std::string>() : dirs.front() + "/report";
+        ecokv::write_file_atomic(prefix + ".md", md.str());
+        ecokv::write_file_atomic(prefix + ".csv", csv.str());
+        ecokv::write_file_atomic(prefix + ".json", js.dump(2) + "\n");
+        return 0;
+    });
+}
