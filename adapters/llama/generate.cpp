@@ -113,6 +113,27 @@ std::vector<std::vector<float>> force(llama_context * ctx, const std::vector<lla
     return out;
 }
 
+fidelity compare_to_full(llama_context * compressed, const generation & full, llama_pos pos,
+                         const std::vector<float> * first) {
+    fidelity                        f;
+    std::vector<std::vector<float>> q  = force(compressed, full.tokens, pos);
+    size_t                          i0 = 1;  // index in full.tokens of the token q[0] predicts
+    if (first != nullptr) {
+        q.insert(q.begin(), *first);
+        i0 = 0;
+    }
+    for (size_t i = 0; i < q.size(); ++i) {
+        f.agreement += argmax(q[i]) == full.tokens[i + i0];
+        f.mean_kl += kl_divergence(full.logits[i + i0], q[i]);
+        ++f.n;
+    }
+    if (f.n > 0) {
+        f.agreement /= f.n;
+        f.mean_kl /= f.n;
+    }
+    return f;
+}
+
 double kl_divergence(const std::vector<float> & p_logits, const std::vector<float> & q_logits) {
     auto log_softmax = [](const std::vector<float> & x) {
         const double        mx = *std::max_element(x.begin(), x.end());

@@ -236,33 +236,47 @@ int ecokv_eval(int argc, char ** argv) {
             const std::vector<uint8_t> full_state = save_state(ctx.get());
             const uint64_t             kv_full    = el::kv_bytes_allocated(ctx.get(), state.kv_bytes_per_cell());
 
+            // The full cache's greedy answer (with its distributions) is the reference of every method.
+            restore_state(ctx.get(), full_state);
+            std::vector<float> full_logits = pr.first_logits;
+            const llama_pos    answer_pos  = pr.n_past + llama_pos(question.size());
+            if (!question.empty()) {
+                full_logits = el::decode(ctx.get(), question, pr.n_past);
+            }
+            const el::generation full = el::greedy(ctx.get(), full_logits, answer_pos, n_predict, true);
+
             for (const auto & [method, budget] : todo) {
-                llama_context *      dec = ctx.get();
                 el::compressed_cache cc;
                 json rec = { { "id", item.id }, { "method", method }, { "budget", budget }, { "type", item.type },
                              { "answers", item.answers }, { "prompt_tokens", pr.n_tokens }, { "image_tokens", pr.n_media },
                              { "kv_bytes_full", kv_full }, { "prefill_s", pr.seconds } };
+                const el::generation * gen = &full;
+                el::generation         own;
                 if (method == "full") {
-                    restore_state(ctx.get(), full_state);
                     rec["kv_bytes_compressed"] = kv_full;
                     rec["compress_s"]          = 0.0;
                 } else {
                     ecokv::method_params p = base;
                     p.budget               = budget;
-                    cc  = el::compress_context(model.get(), state, ecokv::parse_method(method), p, n_extra, cparams);
-                    dec = cc.ctx.get();
+                    const el::compressed_cache cc =
+                        el::compress_context(model.get(), state, ecokv::parse_method(method), p, n_extra, cparams);
                     rec["kv_bytes_compressed"] = cc.kv_bytes_alloc;
                     rec["compress_s"]          = cc.select_seconds + cc.rebuild_seconds;
+                    const std::vector<float> first =
+                        question.empty() ? pr.first_logits : el::decode(cc.ctx.get(), question, pr.n_past);
+                    own = el::greedy(cc.ctx.get(), first, answer_pos, n_predict, false);
+                    gen = &own;
+                    // Fidelity without gold answers: teacher-forced on the full cache's answer.
+                    restore_state(cc.ctx.get(), cc.state);
+                    if (!question.empty()) {
+                        el::decode(cc.ctx.get(), question, pr.n_past);
+                    }
+                    const el::fidelity fid = el::compare_to_full(cc.ctx.get(), full, answer_pos, question.empty() ? nullptr : &first);
+                    rec["agreement"] = fid.n ? json(fid.agreement) : json(nullptr);
+                    rec["mean_kl"]   = fid.n ? json(fid.mean_kl) : json(nullptr);
                 }
-                std::vector<float> logits = pr.first_logits;
-                llama_pos          pos    = pr.n_past;
-                if (!question.empty()) {
-                    logits = el::decode(dec, question, pos);
-                    pos += llama_pos(question.size());
-                }
-                const el::generation gen = el::greedy(dec, logits, pos, n_predict, false);
-                rec["prediction"]        = answer_text(el::detokenize(model.get(), gen.tokens));
-                rec["decode_s"]          = gen.seconds;
+                rec["prediction"] = answer_text(el::detokenize(model.get(), gen->tokens));
+                rec["decode_s"]   = gen->seconds;
                 out << rec.dump() << "\n";
                 out.flush();  // a killed run loses nothing that was answered
             }

@@ -26,8 +26,14 @@ struct cell_key {
     bool operator<(const cell_key & o) const { return std::tie(method, budget) < std::tie(o.method, o.budget); }
 };
 
+struct fidelity_sum {
+    double agreement = 0, kl = 0;
+    size_t n         = 0;
+};
+
 struct dataset_results {
     std::string                                                      metric;
+    std::map<cell_key, std::map<std::string, std::pair<double, double>>> fidelity;  // id -> (agreement, mean KL)
     std::map<cell_key, std::map<std::string, ecokv::metric_item>>    items;  // (method, budget) -> id -> item
     std::vector<std::string>                                         method_order;
 };
@@ -61,6 +67,11 @@ void read_dir(const std::string & dir, std::map<std::string, dataset_results> & 
             const std::string method = j.at("method");
             if (std::find(results.method_order.begin(), results.method_order.end(), method) == results.method_order.end()) {
                 results.method_order.push_back(method);
+            }
+            if (j.contains("agreement") && j["agreement"].is_number()) {
+                results.fidelity[{ method, j.at("budget").get<int32_t>() }][j.at("id").get<std::string>()] = {
+                    j["agreement"].get<double>(), j["mean_kl"].get<double>()
+                };
             }
             results.items[{ method, j.at("budget").get<int32_t>() }][j.at("id").get<std::string>()] = {
                 j.at("prediction").get<std::string>(), j.at("answers").get<std::vector<std::string>>(),
@@ -158,6 +169,42 @@ int ecokv_report(int argc, char ** argv) {
                 md << "\n";
             }
             md << "\n";
+            if (!res.fidelity.empty()) {  // without gold answers: how close each cache stays to the full one
+                md << "Fidelity to FullKV (greedy agreement / mean KL, teacher-forced on FullKV's answer):\n\n| method |";
+                for (int32_t b : budgets) {
+                    md << " " << b << " |";
+                }
+                md << "\n|---|";
+                for (size_t i = 0; i < budgets.size(); ++i) {
+                    md << "---:|";
+                }
+                md << "\n";
+                for (const std::string & m : res.method_order) {
+                    if (m == "full") {
+                        continue;
+                    }
+                    md << "| " << label(m) << " |";
+                    for (int32_t b : budgets) {
+                        fidelity_sum f;
+                        for (const auto & [id, v] : res.fidelity[{ m, b }]) {
+                            f.agreement += v.first;
+                            f.kl += v.second;
+                            ++f.n;
+                        }
+                        char buf[64];
+                        std::snprintf(buf, sizeof buf, f.n ? " %.3f / %.4f |" : " - |", f.agreement / double(f.n ? f.n : 1),
+                                      f.kl / double(f.n ? f.n : 1));
+                        md << buf;
+                        if (f.n) {
+                            js[dataset]["fidelity"].push_back({ { "method", label(m) }, { "budget", b },
+                                                                { "agreement", f.agreement / double(f.n) },
+                                                                { "mean_kl", f.kl / double(f.n) }, { "n", f.n } });
+                        }
+                    }
+                    md << "\n";
+                }
+                md << "\n";
+            }
         }
         std::fputs(md.str().c_str(), stdout);
         const std::string prefix = args.count("out") ? args["out"].as<std::string>() : dirs.front() + "/report";

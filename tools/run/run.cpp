@@ -31,35 +31,6 @@ std::string read_text(const std::string & path) {
     return s.str();
 }
 
-struct comparison {
-    double agreement = 0, mean_kl = 0;
-    int    n         = 0;
-};
-
-// Teacher forcing: the full cache's greedy tokens are fed to the compressed cache; at each step compare the
-// next-token distributions (KL) and their argmax.
-// `first`: the compressed cache's logits for the first answer token when they can differ from the full cache's
-// (question mode: the question was decoded on the compressed cache); null when the prefill computed both.
-comparison compare(llama_context * compressed, const el::generation & full, llama_pos pos, const std::vector<float> * first) {
-    comparison                      c;
-    std::vector<std::vector<float>> q = el::force(compressed, full.tokens, pos);
-    size_t                          i0 = 1;  // index in full.tokens of the token q[0] predicts
-    if (first != nullptr) {
-        q.insert(q.begin(), *first);
-        i0 = 0;
-    }
-    for (size_t i = 0; i < q.size(); ++i) {
-        c.agreement += el::argmax(q[i]) == full.tokens[i + i0];
-        c.mean_kl += el::kl_divergence(full.logits[i + i0], q[i]);
-        ++c.n;
-    }
-    if (c.n > 0) {
-        c.agreement /= c.n;
-        c.mean_kl /= c.n;
-    }
-    return c;
-}
-
 }  // namespace
 
 int ecokv_run(int argc, char ** argv) {
@@ -214,7 +185,7 @@ int ecokv_run(int argc, char ** argv) {
                 if (!questions.empty()) {
                     first = el::decode(cc.ctx.get(), question_tokens[qi], n_past);
                 }
-                const comparison c = compare(cc.ctx.get(), full, pos, questions.empty() ? nullptr : &first);
+                const el::fidelity c = el::compare_to_full(cc.ctx.get(), full, pos, questions.empty() ? nullptr : &first);
                 answer["full_text"] = el::detokenize(model.get(), full.tokens);
                 answer["agreement"] = c.n ? nlohmann::json(c.agreement) : nlohmann::json(nullptr);
                 answer["mean_kl"]   = c.n ? nlohmann::json(c.mean_kl) : nlohmann::json(nullptr);

@@ -34,6 +34,18 @@ generation greedy(llama_context * ctx, std::vector<float> first_logits, llama_po
 // Teacher forcing: decodes tokens[0 .. n-2] one by one from pos and returns the logits after each.
 std::vector<std::vector<float>> force(llama_context * ctx, const std::vector<llama_token> & tokens, llama_pos pos);
 
+// Fidelity of a compressed cache to the full one, teacher-forced on the full cache's greedy tokens: at each
+// step the argmax agreement and KL(full || compressed) of the next-token distributions. `first` is the compressed
+// cache's distribution for the first answer token when it can differ from the full one (the question was decoded
+// on the compressed cache); null when the prefill computed both, and that step is then not counted.
+struct fidelity {
+    double  agreement = 0;
+    double  mean_kl   = 0;
+    int32_t n         = 0;  // steps compared
+};
+fidelity compare_to_full(llama_context * compressed, const generation & full, llama_pos pos,
+                         const std::vector<float> * first);
+
 // KL(softmax(p) || softmax(q)) in nats.
 double kl_divergence(const std::vector<float> & p_logits, const std::vector<float> & q_logits);
 
