@@ -22,16 +22,6 @@ using strings = std::vector<std::string>;
 
 const std::string k_data = std::string(ECOKV_TEST_DATA) + "/datasets";
 
-// Runs `f` and returns the ecokv::error message it throws ("" when it throws nothing).
-template <typename F>
-std::string error_of(F && f) {
-    try {
-        f();
-    } catch (const ecokv::error & e) {
-        return e.what();
-    }
-    return "";
-}
 
 // The absolute path of a fixture file, as the readers return it.
 std::string fixture(const std::string & rel) {

@@ -29,16 +29,6 @@ using strings = std::vector<std::string>;
 const std::string k_data = std::string(ECOKV_TEST_DATA) + "/metrics";
 const std::string k_hme  = "Handwritten Mathematical Expression Recognition";
 
-// Runs `f` and returns the ecokv::error message it throws ("" when it throws nothing).
-template <typename F>
-std::string error_of(F && f) {
-    try {
-        f();
-    } catch (const ecokv::error & e) {
-        return e.what();
-    }
-    return "";
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // registry

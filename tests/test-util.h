@@ -1,6 +1,8 @@
 // Shared by the tests: a per-test temporary directory, file helpers and running the ecokv binary.
 #pragma once
 
+#include "ecokv/error.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -127,6 +129,16 @@ inline std::string describe(const run_result & r) {
 
 inline bool contains(const std::string & text, const std::string & part) {
     return text.find(part) != std::string::npos;
+}
+
+// Runs `f` and returns the ecokv::error message it throws ("" when it throws nothing).
+template <typename F> std::string error_of(F && f) {
+    try {
+        f();
+    } catch (const ecokv::error & e) {
+        return e.what();
+    }
+    return "";
 }
 
 }  // namespace ecokv::test

@@ -55,6 +55,17 @@ std::vector<std::string> strings_member(const json & obj, const char * key, cons
 // "<path>: data[<i>]": the name of entry i of an array in messages (0-based, as data[i] in Python or jq).
 std::string entry_where(const fs::path & path, const char * array, size_t i);
 
+// The items made by fn(entry, where) from every element of the JSON array `member` of the file `path`.
+template <typename Fn> std::vector<eval_item> map_entries(const fs::path & path, const char * member, Fn && fn) {
+    const json             root = read_json(path);
+    const json &           data = array_member(root, member, path.string());
+    std::vector<eval_item> items;
+    for (size_t i = 0; i < data.size(); ++i) {
+        items.push_back(fn(data[i], entry_where(path, member, i)));
+    }
+    return items;
+}
+
 // dir / rel, normalised; `rel` must be relative and stay inside dir (no "..").
 std::string resolve_image(const fs::path & dir, const std::string & rel, const std::string & where);
 

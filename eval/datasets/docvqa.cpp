@@ -15,13 +15,8 @@ namespace ecokv::detail {
 
 std::vector<eval_item> load_docvqa(const fs::path & dir) {
     const fs::path path = find_file(dir, { "val_v1.0_withQT.json", "val_v1.0.json" });
-    const json     root = read_json(path);
-    const json &   data = array_member(root, "data", path.string());
-    std::vector<eval_item> items;
-    for (size_t i = 0; i < data.size(); ++i) {
-        const json &      e     = data[i];
-        const std::string where = entry_where(path, "data", i);
-        eval_item         it;
+    return map_entries(path, "data", [&](const json & e, const std::string & where) {
+        eval_item it;
         it.id       = string_member(e, "questionId", where, true);
         it.images   = { resolve_image(dir, string_member(e, "image", where), where) };
         it.question = string_member(e, "question", where);
@@ -31,9 +26,8 @@ std::vector<eval_item> load_docvqa(const fs::path & dir) {
                 it.type += (it.type.empty() ? "" : ",") + t;
             }
         }
-        items.push_back(std::move(it));
-    }
-    return items;
+        return it;
+    });
 }
 
 }  // namespace ecokv::detail

@@ -17,13 +17,8 @@ namespace ecokv::detail {
 
 std::vector<eval_item> load_mpdocvqa(const fs::path & dir) {
     const fs::path path = dir / "val.json";
-    const json     root = read_json(path);
-    const json &   data = array_member(root, "data", path.string());
-    std::vector<eval_item> items;
-    for (size_t i = 0; i < data.size(); ++i) {
-        const json &      e     = data[i];
-        const std::string where = entry_where(path, "data", i);
-        eval_item         it;
+    return map_entries(path, "data", [&](const json & e, const std::string & where) {
+        eval_item it;
         it.id = string_member(e, "questionId", where, true);
         for (const std::string & page : strings_member(e, "page_ids", where)) {
             it.images.push_back(resolve_image(dir / "images", page + ".jpg", where));
@@ -34,9 +29,8 @@ std::vector<eval_item> load_mpdocvqa(const fs::path & dir) {
         it.question = string_member(e, "question", where);
         it.answers  = answers_member(e, "answers", where);
         it.type     = "pages=" + std::to_string(it.images.size());
-        items.push_back(std::move(it));
-    }
-    return items;
+        return it;
+    });
 }
 
 }  // namespace ecokv::detail

@@ -14,20 +14,14 @@ namespace ecokv::detail {
 
 std::vector<eval_item> load_textvqa(const fs::path & dir) {
     const fs::path path = dir / "TextVQA_0.5.1_val.json";
-    const json     root = read_json(path);
-    const json &   data = array_member(root, "data", path.string());
-    std::vector<eval_item> items;
-    for (size_t i = 0; i < data.size(); ++i) {
-        const json &      e     = data[i];
-        const std::string where = entry_where(path, "data", i);
-        eval_item         it;
+    return map_entries(path, "data", [&](const json & e, const std::string & where) {
+        eval_item it;
         it.id       = string_member(e, "question_id", where, true);
         it.images   = { resolve_image(dir / "train_images", string_member(e, "image_id", where) + ".jpg", where) };
         it.question = string_member(e, "question", where);
         it.answers  = answers_member(e, "answers", where);
-        items.push_back(std::move(it));
-    }
-    return items;
+        return it;
+    });
 }
 
 }  // namespace ecokv::detail
