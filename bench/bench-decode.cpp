@@ -59,6 +59,7 @@ struct options {
     int32_t                  n_ubatch  = 512;
     std::string              arch      = "qwen2vl";
     std::string              wtype     = "q8_0";
+    std::string              flash_attn = "auto";
     int32_t                  n_layer = 28, n_embd = 1536, n_head = 12, n_head_kv = 2, n_ff = 8960, n_vocab = 32768;
     uint64_t                 seed      = 1;
     bool                     json      = false;
@@ -77,6 +78,8 @@ const char * k_usage =
     "  --ubatch N        prefill micro-batch                                   [512]\n"
     "  --wtype T         weight type of the matrices: q8_0, q4_0, f16, f32      [q8_0]\n"
     "  --arch A          qwen2vl or llama                                      [qwen2vl]\n"
+    "  --flash-attn M    auto, on or off, for every context (a per-head bias,\n"
+    "                    i.e. non-uniform budgets, always runs without it)     [auto]\n"
     "  --layers N --embd N --heads N --kv-heads N --ff N --vocab N\n"
     "                    model shape                  [28 1536 12 2 8960 32768: Qwen2-VL-2B, vocab reduced]\n"
     "  --seed S          weights and prompt                                    [1]\n"
@@ -137,6 +140,11 @@ options parse(int argc, char ** argv) {
             o.n_ubatch = to_int(a, value(), 1);
         } else if (a == "--wtype") {
             o.wtype = value();
+        } else if (a == "--flash-attn") {
+            o.flash_attn = value();
+            if (o.flash_attn != "auto" && o.flash_attn != "on" && o.flash_attn != "off") {
+                throw ecokv::error("--flash-attn " + o.flash_attn + ": expected auto, on or off");
+            }
         } else if (a == "--arch") {
             o.arch = value();
         } else if (a == "--layers") {
@@ -728,6 +736,9 @@ int run(int argc, char ** argv) {
     cparams.n_ubatch             = uint32_t(o.n_ubatch);
     cparams.n_seq_max            = 1;
     cparams.n_threads = cparams.n_threads_batch = o.threads;
+    cparams.flash_attn_type = o.flash_attn == "on"    ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                              : o.flash_attn == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                                      : LLAMA_FLASH_ATTN_TYPE_AUTO;
 
     // 2. prefill with the query capture
     progress("[2/6] prefill of %d random tokens (%d threads, ubatch %d)\n", o.n_tokens, o.threads, o.n_ubatch);
@@ -738,12 +749,14 @@ int run(int argc, char ** argv) {
     capture->attach(prefill_params);
     el::context_ptr ctx_full = new_context(model.get(), prefill_params, uint32_t(o.n_tokens + o.n_decode));
     const auto      t_pf     = clock_type::now();
+    const double    cpu_pf   = cpu_seconds();
     const std::vector<float> first_logits = prefill(ctx_full.get(), prompt, o.n_ubatch, true);
     const double    prefill_s = seconds_since(t_pf);
+    const double    prefill_cpu_share = (cpu_seconds() - cpu_pf) / (prefill_s * o.threads);
     capture->set_active(false);
     const phase ph_prefill = pm.end();
-    progress("  prefill %.1f s (%.1f tok/s), RSS %.0f MiB, peak %.0f MiB\n", prefill_s, o.n_tokens / prefill_s,
-             kib_to_mib(ph_prefill.rss_kib), kib_to_mib(ph_prefill.peak_kib));
+    progress("  prefill %.1f s (%.1f tok/s, CPU share %.2f), RSS %.0f MiB, peak %.0f MiB\n", prefill_s,
+             o.n_tokens / prefill_s, prefill_cpu_share, kib_to_mib(ph_prefill.rss_kib), kib_to_mib(ph_prefill.peak_kib));
 
     // 3. full-cache decode
     progress("[3/6] decode %d tokens from the full cache (%d repeats)\n", o.n_decode, o.repeats);
@@ -851,7 +864,8 @@ int run(int argc, char ** argv) {
         { "kv_bytes_allocated", kv_full_alloc }, { "kv_bytes_kept", bytes_per_cell * uint64_t(o.n_tokens) },
         { "peak_rss_decode_kib", ph_full_decode.peak_kib },
         { "peak_rss_pipeline_kib", std::max(ph_prefill.peak_kib, ph_full_decode.peak_kib) },
-        { "prefill_s", prefill_s }, { "compress_s", 0.0 }, { "select_s", 0.0 }, { "rebuild_s", 0.0 },
+        { "prefill_s", prefill_s }, { "prefill_cpu_share", prefill_cpu_share }, { "compress_s", 0.0 },
+        { "select_s", 0.0 }, { "rebuild_s", 0.0 },
         { "decode_s", full_dec }, { "decode_s_all", full_decode_s }, { "decode_s_median", median(full_decode_s) },
         { "cpu_share_all", full_cpu_share },
         { "decode_tokens_per_s", o.n_decode / full_dec },
@@ -906,7 +920,7 @@ int run(int argc, char ** argv) {
                      { "n_vocab", o.n_vocab }, { "weights", o.wtype }, { "n_params", minfo.n_params },
                      { "weight_bytes", minfo.weight_bytes } } },
         { "tokens", o.n_tokens }, { "n_decode", o.n_decode }, { "repeats", o.repeats }, { "threads", o.threads },
-        { "ubatch", o.n_ubatch }, { "kv_bytes_per_cell", bytes_per_cell },
+        { "ubatch", o.n_ubatch }, { "flash_attn", o.flash_attn }, { "kv_bytes_per_cell", bytes_per_cell },
         { "peak_reset_works", pm.hwm_reset_works }, { "total_s", total_s },
         { "phases", phases }, { "rows", rows }, { "targets", targets },
     };
@@ -927,9 +941,10 @@ int run(int argc, char ** argv) {
                 "(%.2f B params, %.0f MiB)\n",
                 o.arch.c_str(), o.n_layer, o.n_embd, o.n_head, o.n_head_kv, o.n_embd / o.n_head, o.n_ff, o.n_vocab,
                 o.wtype.c_str(), double(minfo.n_params) / 1e9, mib(minfo.weight_bytes));
-    std::printf("prompt %d random tokens, decode %d tokens, %d threads, ubatch %d, decode = best of %d repeats, F16 K/V "
-                "(%.0f KiB per cell)\n\n",
-                o.n_tokens, o.n_decode, o.threads, o.n_ubatch, o.repeats, double(bytes_per_cell) / 1024);
+    std::printf("prompt %d random tokens, decode %d tokens, %d threads, ubatch %d, flash attention %s, decode = best of "
+                "%d repeats, F16 K/V (%.0f KiB per cell)\n\n",
+                o.n_tokens, o.n_decode, o.threads, o.n_ubatch, o.flash_attn.c_str(), o.repeats,
+                double(bytes_per_cell) / 1024);
     std::printf("%-22s %6s %6s %9s %8s %9s %9s %8s %12s %8s %8s %9s %7s\n", "Method", "Budget", "Cells", "KV alloc",
                 "KV kept", "Peak RSS", "Peak RSS", "Prefill", "Compress", "Decode", "Decode", "Uncompr.", "Ratio");
     std::printf("%-22s %6s %6s %9s %8s %9s %9s %8s %12s %8s %8s %9s %7s\n", "", "", "/head", "MiB", "MiB", "decode",
@@ -950,6 +965,15 @@ int run(int argc, char ** argv) {
                     full ? "-" : fmt("%.2f", r["uncompressed_decode_tokens_per_s"].get<double>()).c_str(),
                     full ? "-" : fmt("%.3f", r["decode_speed_ratio"].get<double>()).c_str());
     }
+    std::printf("\nCPU share (CPU seconds / (wall x %d threads); below ~0.95 another process took the cores): prefill "
+                "%.2f, decode runs min %.2f\n",
+                o.threads, prefill_cpu_share, [&] {
+                    double m = min_of(full_cpu_share);
+                    for (const auto & c : results) {
+                        m = std::min({ m, min_of(c.cpu_share), min_of(c.base_cpu_share) });
+                    }
+                    return m;
+                }());
     std::printf("\nRSS by phase (peak = VmHWM reset at the phase start%s):\n",
                 pm.hwm_reset_works ? "" : "; reset FAILED, peaks are since process start");
     for (const auto & ph : pm.phases) {
