@@ -81,6 +81,19 @@ void read_dir(const std::string & dir, std::map<std::string, dataset_results> & 
     }
 }
 
+// "| method | 256 | 128 |" and its Markdown rule.
+void table_header(std::ostringstream & md, const std::vector<int32_t> & budgets) {
+    md << "| method |";
+    for (int32_t b : budgets) {
+        md << " " << b << " |";
+    }
+    md << "\n|---|";
+    for (size_t i = 0; i < budgets.size(); ++i) {
+        md << "---:|";
+    }
+    md << "\n";
+}
+
 std::string label(const std::string & method) { return method == "full" ? "FullKV" : method; }
 
 }  // namespace
@@ -130,15 +143,8 @@ int ecokv_report(int argc, char ** argv) {
                 score[k]                     = { 100.0 * r.score, r.n };
             }
             const std::string mixkv = "uniform+mixkv";
-            md << "## " << dataset << " (" << res.metric << ", x100)\n\n| method |";
-            for (int32_t b : budgets) {
-                md << " " << b << " |";
-            }
-            md << "\n|---|";
-            for (size_t i = 0; i < budgets.size(); ++i) {
-                md << "---:|";
-            }
-            md << "\n";
+            md << "## " << dataset << " (" << res.metric << ", x100)\n\n";
+            table_header(md, budgets);
             for (const std::string & m : res.method_order) {
                 md << "| " << label(m) << " |";
                 for (int32_t b : budgets) {
@@ -170,15 +176,8 @@ int ecokv_report(int argc, char ** argv) {
             }
             md << "\n";
             if (!res.fidelity.empty()) {  // without gold answers: how close each cache stays to the full one
-                md << "Fidelity to FullKV (greedy agreement / mean KL, teacher-forced on FullKV's answer):\n\n| method |";
-                for (int32_t b : budgets) {
-                    md << " " << b << " |";
-                }
-                md << "\n|---|";
-                for (size_t i = 0; i < budgets.size(); ++i) {
-                    md << "---:|";
-                }
-                md << "\n";
+                md << "Fidelity to FullKV (greedy agreement / mean KL, teacher-forced on FullKV's answer):\n\n";
+                table_header(md, budgets);
                 for (const std::string & m : res.method_order) {
                     if (m == "full") {
                         continue;
