@@ -132,7 +132,8 @@ uint64_t kv_bytes_allocated(const llama_context * ctx, uint64_t bytes_per_cell) 
 }
 
 compressed_cache compress_context(const llama_model * model, const prefill_state & state, const method_spec & spec,
-                                  const method_params & params, int32_t n_extra, llama_context_params cparams) {
+                                  const method_params & params, int32_t n_extra, llama_context_params cparams,
+                                  query_capture * observer) {
     compressed_cache out;
     auto             t0 = std::chrono::steady_clock::now();
     out.sel             = compress(state.view(), spec, params);
@@ -151,6 +152,9 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
     cparams.n_ctx     = uint32_t(out.n_cells + n_extra);
     cparams.n_seq_max = 1;
     cparams.cb_eval   = nullptr;
+    if (observer != nullptr) {
+        observer->attach(cparams);
+    }
     out.ctx.reset(llama_init_from_model(const_cast<llama_model *>(model), cparams));
     if (!out.ctx) {
         throw error("cannot create the decode context (" + std::to_string(cparams.n_ctx) + " cells)");

@@ -21,31 +21,47 @@ struct query_capture::impl {
     std::vector<std::vector<float>> window, all;
     std::vector<int32_t>            seen;  // tokens recorded per layer
     std::string                     failure;  // an exception must not cross ggml's C callback
+    bool                            probe = false;
+    std::vector<std::vector<float>> outputs;  // [n_layers] attention output (kqv_out) of the last token decoded
 
     static bool callback(ggml_tensor * t, bool ask, void * user_data);
     void        record(const ggml_tensor * t, int32_t il);
+    void        record_output(const ggml_tensor * t, int32_t il);
     tensor_view rows_view(const std::vector<float> & rows) const;
 };
 
 namespace {
 
-// "Qcur-12" -> 12 for the post-RoPE query node, else -1.
-int32_t query_layer(const ggml_tensor * t) {
-    if (t->op != GGML_OP_ROPE || std::strncmp(t->name, "Qcur-", 5) != 0) {
+// "<prefix>12" -> 12, else -1.
+int32_t layer_of(const ggml_tensor * t, const char * prefix) {
+    const size_t n = std::strlen(prefix);
+    if (std::strncmp(t->name, prefix, n) != 0) {
         return -1;
     }
     char *     end = nullptr;
-    const long il  = std::strtol(t->name + 5, &end, 10);
-    return end != t->name + 5 && *end == '\0' ? int32_t(il) : -1;
+    const long il  = std::strtol(t->name + n, &end, 10);
+    return end != t->name + n && *end == '\0' ? int32_t(il) : -1;
 }
+
+// The post-RoPE query node "Qcur-<il>".
+int32_t query_layer(const ggml_tensor * t) { return t->op == GGML_OP_ROPE ? layer_of(t, "Qcur-") : -1; }
 
 }  // namespace
 
 bool query_capture::impl::callback(ggml_tensor * t, bool ask, void * user_data) {
     auto *        self = static_cast<impl *>(user_data);
     const int32_t il   = query_layer(t);
+    const int32_t ol   = self->probe ? layer_of(t, "kqv_out-") : -1;
     if (ask) {
-        return self->active && il >= 0 && il < self->n_layers;
+        return (self->active && il >= 0 && il < self->n_layers) || (ol >= 0 && ol < self->n_layers);
+    }
+    if (ol >= 0 && ol < self->n_layers) {
+        try {
+            self->record_output(t, ol);
+        } catch (const std::exception & e) {
+            self->failure = e.what();
+            self->probe   = false;
+        }
     }
     if (self->active && il >= 0 && il < self->n_layers) {
         try {
@@ -80,6 +96,15 @@ void query_capture::impl::record(const ggml_tensor * t, int32_t il) {
     seen[il] += int32_t(n_tok);
 }
 
+void query_capture::impl::record_output(const ggml_tensor * t, int32_t il) {
+    if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) {
+        return;
+    }
+    auto & out = outputs[il];
+    out.resize(size_t(t->ne[0]));
+    ggml_backend_tensor_get(t, out.data(), size_t(t->ne[1] - 1) * t->nb[1], out.size() * sizeof(float));
+}
+
 query_capture::query_capture(const llama_model * model, int32_t n_queries, bool full_queries) :
     impl_(std::make_unique<impl>()) {
     impl_->n_layers  = llama_model_n_layer(model);
@@ -89,6 +114,7 @@ query_capture::query_capture(const llama_model * model, int32_t n_queries, bool 
     impl_->window.resize(size_t(impl_->n_layers));
     impl_->all.resize(size_t(impl_->n_layers));
     impl_->seen.assign(size_t(impl_->n_layers), 0);
+    impl_->outputs.resize(size_t(impl_->n_layers));
 }
 
 query_capture::~query_capture() = default;
@@ -99,6 +125,10 @@ void query_capture::attach(llama_context_params & params) {
 }
 
 void query_capture::set_active(bool active) { impl_->active = active; }
+
+void query_capture::set_probe(bool probe) { impl_->probe = probe; }
+
+const std::vector<std::vector<float>> & query_capture::attention_outputs() const { return impl_->outputs; }
 
 std::string query_capture::error() const { return impl_->failure; }
 

@@ -85,7 +85,8 @@ llama_token argmax(const std::vector<float> & logits) {
     return llama_token(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-generation greedy(llama_context * ctx, std::vector<float> first_logits, llama_pos pos, int32_t n, bool keep_logits) {
+generation greedy(llama_context * ctx, std::vector<float> first_logits, llama_pos pos, int32_t n, bool keep_logits,
+                  const step_hook & after_step) {
     const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
     generation          out;
     std::vector<float>  logits = std::move(first_logits);
@@ -100,23 +101,30 @@ generation greedy(llama_context * ctx, std::vector<float> first_logits, llama_po
             break;
         }
         logits = decode(ctx, { t }, pos + i);
+        if (after_step) {
+            after_step();
+        }
     }
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;
 }
 
-std::vector<std::vector<float>> force(llama_context * ctx, const std::vector<llama_token> & tokens, llama_pos pos) {
+std::vector<std::vector<float>> force(llama_context * ctx, const std::vector<llama_token> & tokens, llama_pos pos,
+                                      const step_hook & after_step) {
     std::vector<std::vector<float>> out;
     for (size_t i = 0; i + 1 < tokens.size(); ++i) {
         out.push_back(decode(ctx, { tokens[i] }, pos + llama_pos(i)));
+        if (after_step) {
+            after_step();
+        }
     }
     return out;
 }
 
 fidelity compare_to_full(llama_context * compressed, const generation & full, llama_pos pos,
-                         const std::vector<float> * first) {
+                         const std::vector<float> * first, const step_hook & after_step) {
     fidelity                        f;
-    std::vector<std::vector<float>> q  = force(compressed, full.tokens, pos);
+    std::vector<std::vector<float>> q  = force(compressed, full.tokens, pos, after_step);
     size_t                          i0 = 1;  // index in full.tokens of the token q[0] predicts
     if (first != nullptr) {
         q.insert(q.begin(), *first);

@@ -9,6 +9,8 @@
 #include <llama.h>
 #include <nlohmann/json.hpp>
 
+#include <sstream>
+
 namespace {
 
 using namespace ecokv::test;
@@ -83,6 +85,30 @@ TEST(eval, resumed_and_sharded_runs_give_the_same_table) {
     ASSERT_EQ(f.eval(s0, { "--shard", "0/2" }).code, 0);
     ASSERT_EQ(f.eval(s1, { "--shard", "1/2" }).code, 0);
     EXPECT_EQ(f.report({ s0, s1 })["generated"], table["generated"]);
+}
+
+// Fidelity without gold answers: a budget covering the prompt leaves every layer's attention output unchanged;
+// a small budget gives a per-layer error.
+TEST(eval, fidelity_records_per_layer_attention_error) {
+    const eval_fixture f;
+    const std::string  out = f.dir / "fid";
+    ASSERT_EQ(f.eval(out, { "--limit", "1", "--methods", "snapkv+ecokv", "--budgets", "4096,10" }).code, 0);
+    std::istringstream lines(read_file(out + "/results.jsonl"));
+    int                n = 0;
+    for (std::string line; std::getline(lines, line); ++n) {
+        const json r = json::parse(line);
+        ASSERT_TRUE(r["attn_rel_error"].is_array()) << line;
+        ASSERT_EQ(r["attn_rel_error"].size(), 2u);  // one per layer of the tiny model
+        for (const json & e : r["attn_rel_error"]) {
+            if (r["budget"] == 4096) {
+                EXPECT_EQ(e.get<double>(), 0.0);
+                EXPECT_EQ(r["agreement"].get<double>(), 1.0);
+            } else {
+                EXPECT_GE(e.get<double>(), 0.0);
+            }
+        }
+    }
+    EXPECT_EQ(n, 2);
 }
 
 TEST(eval, bad_options_are_rejected) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +81,29 @@ std::string answer_text(std::string s) {
     s = s.substr(0, s.find('\n'));
     const size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
     return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// Per layer, the mean over decode steps of ||o_compressed - o_full|| / ||o_full|| of the attention output of the
+// token decoded at that step (teacher-forced, so both caches see the same tokens). Null without steps.
+json attention_error(const std::vector<std::vector<std::vector<float>>> & full,
+                     const std::vector<std::vector<std::vector<float>>> & comp) {
+    const size_t n_steps = std::min(full.size(), comp.size());
+    if (n_steps == 0 || full[0].empty()) {
+        return nullptr;
+    }
+    std::vector<double> err(full[0].size(), 0.0);
+    for (size_t s = 0; s < n_steps; ++s) {
+        for (size_t il = 0; il < err.size(); ++il) {
+            const std::vector<float> &f = full[s][il], &c = comp[s][il];
+            double diff = 0, norm = 0;
+            for (size_t i = 0; i < f.size() && i < c.size(); ++i) {
+                diff += (double(c[i]) - f[i]) * (double(c[i]) - f[i]);
+                norm += double(f[i]) * f[i];
+            }
+            err[il] += norm > 0 ? std::sqrt(diff / norm) / double(n_steps) : 0.0;
+        }
+    }
+    return err;
 }
 
 void progress(size_t done, size_t total, double elapsed) {
@@ -243,7 +267,12 @@ int ecokv_eval(int argc, char ** argv) {
             if (!question.empty()) {
                 full_logits = el::decode(ctx.get(), question, pr.n_past);
             }
-            const el::generation full = el::greedy(ctx.get(), full_logits, answer_pos, n_predict, true);
+            using step_outputs = std::vector<std::vector<std::vector<float>>>;  // [step][layer][n_head * head_dim_v]
+            step_outputs full_out;
+            capture.set_probe(true);
+            const el::generation full = el::greedy(ctx.get(), full_logits, answer_pos, n_predict, true,
+                                                   [&] { full_out.push_back(capture.attention_outputs()); });
+            capture.set_probe(false);
 
             for (const auto & [method, budget] : todo) {
                 el::compressed_cache cc;
@@ -258,8 +287,10 @@ int ecokv_eval(int argc, char ** argv) {
                 } else {
                     ecokv::method_params p = base;
                     p.budget               = budget;
+                    el::query_capture          probe(model.get(), 1, false);
+                    probe.set_active(false);
                     const el::compressed_cache cc =
-                        el::compress_context(model.get(), state, ecokv::parse_method(method), p, n_extra, cparams);
+                        el::compress_context(model.get(), state, ecokv::parse_method(method), p, n_extra, cparams, &probe);
                     rec["kv_bytes_compressed"] = cc.kv_bytes_alloc;
                     rec["compress_s"]          = cc.select_seconds + cc.rebuild_seconds;
                     const std::vector<float> first =
@@ -271,9 +302,14 @@ int ecokv_eval(int argc, char ** argv) {
                     if (!question.empty()) {
                         el::decode(cc.ctx.get(), question, pr.n_past);
                     }
-                    const el::fidelity fid = el::compare_to_full(cc.ctx.get(), full, answer_pos, question.empty() ? nullptr : &first);
-                    rec["agreement"] = fid.n ? json(fid.agreement) : json(nullptr);
-                    rec["mean_kl"]   = fid.n ? json(fid.mean_kl) : json(nullptr);
+                    step_outputs comp_out;
+                    probe.set_probe(true);
+                    const el::fidelity fid =
+                        el::compare_to_full(cc.ctx.get(), full, answer_pos, question.empty() ? nullptr : &first,
+                                            [&] { comp_out.push_back(probe.attention_outputs()); });
+                    rec["agreement"]      = fid.n ? json(fid.agreement) : json(nullptr);
+                    rec["mean_kl"]        = fid.n ? json(fid.mean_kl) : json(nullptr);
+                    rec["attn_rel_error"] = attention_error(full_out, comp_out);
                 }
                 rec["prediction"] = answer_text(el::detokenize(model.get(), gen->tokens));
                 rec["decode_s"]   = gen->seconds;

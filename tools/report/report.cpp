@@ -27,13 +27,17 @@ struct cell_key {
 };
 
 struct fidelity_sum {
-    double agreement = 0, kl = 0;
+    double agreement = 0, kl = 0, attn = 0;
     size_t n         = 0;
+};
+
+struct item_fidelity {
+    double agreement = 0, kl = 0, attn = 0;  // attn: mean over layers of the relative attention-output error
 };
 
 struct dataset_results {
     std::string                                                      metric;
-    std::map<cell_key, std::map<std::string, std::pair<double, double>>> fidelity;  // id -> (agreement, mean KL)
+    std::map<cell_key, std::map<std::string, item_fidelity>> fidelity;  // id -> fidelity
     std::map<cell_key, std::map<std::string, ecokv::metric_item>>    items;  // (method, budget) -> id -> item
     std::vector<std::string>                                         method_order;
 };
@@ -69,8 +73,15 @@ void read_dir(const std::string & dir, std::map<std::string, dataset_results> & 
                 results.method_order.push_back(method);
             }
             if (j.contains("agreement") && j["agreement"].is_number()) {
+                double attn = 0;
+                if (j.contains("attn_rel_error") && j["attn_rel_error"].is_array() && !j["attn_rel_error"].empty()) {
+                    for (const json & e : j["attn_rel_error"]) {
+                        attn += e.get<double>();
+                    }
+                    attn /= double(j["attn_rel_error"].size());
+                }
                 results.fidelity[{ method, j.at("budget").get<int32_t>() }][j.at("id").get<std::string>()] = {
-                    j["agreement"].get<double>(), j["mean_kl"].get<double>()
+                    j["agreement"].get<double>(), j["mean_kl"].get<double>(), attn
                 };
             }
             results.items[{ method, j.at("budget").get<int32_t>() }][j.at("id").get<std::string>()] = {
@@ -176,7 +187,8 @@ int ecokv_report(int argc, char ** argv) {
             }
             md << "\n";
             if (!res.fidelity.empty()) {  // without gold answers: how close each cache stays to the full one
-                md << "Fidelity to FullKV (greedy agreement / mean KL, teacher-forced on FullKV's answer):\n\n";
+                md << "Fidelity to FullKV, teacher-forced on FullKV's answer (greedy agreement / mean KL / relative "
+                      "error of the attention output, mean over layers):\n\n";
                 table_header(md, budgets);
                 for (const std::string & m : res.method_order) {
                     if (m == "full") {
@@ -186,18 +198,21 @@ int ecokv_report(int argc, char ** argv) {
                     for (int32_t b : budgets) {
                         fidelity_sum f;
                         for (const auto & [id, v] : res.fidelity[{ m, b }]) {
-                            f.agreement += v.first;
-                            f.kl += v.second;
+                            f.agreement += v.agreement;
+                            f.kl += v.kl;
+                            f.attn += v.attn;
                             ++f.n;
                         }
-                        char buf[64];
-                        std::snprintf(buf, sizeof buf, f.n ? " %.3f / %.4f |" : " - |", f.agreement / double(f.n ? f.n : 1),
-                                      f.kl / double(f.n ? f.n : 1));
+                        const double n = double(f.n ? f.n : 1);
+                        char         buf[96];
+                        std::snprintf(buf, sizeof buf, f.n ? " %.3f / %.4f / %.3f |" : " - |", f.agreement / n, f.kl / n,
+                                      f.attn / n);
                         md << buf;
                         if (f.n) {
                             js[dataset]["fidelity"].push_back({ { "method", label(m) }, { "budget", b },
                                                                 { "agreement", f.agreement / double(f.n) },
-                                                                { "mean_kl", f.kl / double(f.n) }, { "n", f.n } });
+                                                                { "mean_kl", f.kl / double(f.n) },
+                                                                { "attn_rel_error", f.attn / double(f.n) }, { "n", f.n } });
                         }
                     }
                     md << "\n";

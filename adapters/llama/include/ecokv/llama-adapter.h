@@ -36,6 +36,11 @@ class query_capture {
     // Only active captures record (switch off after the prefill, before decoding new tokens).
     void set_active(bool active);
 
+    // While probing, every decode records each layer's attention output (the kqv_out-<il> node) for its last
+    // token: comparing a compressed cache's with the full one's gives the per-layer attention error.
+    void                                    set_probe(bool probe);
+    const std::vector<std::vector<float>> & attention_outputs() const;  // [n_layers][n_head * head_dim_v]
+
     int32_t     n_tokens() const;                // prompt tokens recorded
     std::string error() const;                   // why recording failed (allocation), or empty
     tensor_view queries(int32_t il) const;       // [n_heads, min(n_queries, n_tokens), head_dim] F32
@@ -86,8 +91,10 @@ struct compressed_cache {
 // `model` with `cparams`, its n_ctx set to the kept cells plus n_extra (llama.cpp pads to 256). `cparams` must
 // have the prefill context's flash-attention setting: it decides the V layout of the state. The padding bias of
 // non-uniform budgets is set on the new context; restoring `state` elsewhere needs `bias` too.
+// `observer`, when given, is attached to the new context (e.g. to probe its attention outputs).
 compressed_cache compress_context(const llama_model * model, const prefill_state & state, const method_spec & spec,
-                                  const method_params & params, int32_t n_extra, llama_context_params cparams);
+                                  const method_params & params, int32_t n_extra, llama_context_params cparams,
+                                  query_capture * observer = nullptr);
 
 // KV bytes a context allocates: n_ctx cells x bytes per cell.
 uint64_t kv_bytes_allocated(const llama_context * ctx, uint64_t bytes_per_cell);

@@ -4,6 +4,7 @@
 #include <llama.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,10 +30,15 @@ struct generation {
 
 // Greedy decoding from `first_logits` (the logits before position pos): up to n tokens, stopping after an
 // end-of-generation token.
-generation greedy(llama_context * ctx, std::vector<float> first_logits, llama_pos pos, int32_t n, bool keep_logits);
+// Called after each single-token decode (e.g. to read a probe).
+using step_hook = std::function<void()>;
+
+generation greedy(llama_context * ctx, std::vector<float> first_logits, llama_pos pos, int32_t n, bool keep_logits,
+                  const step_hook & after_step = {});
 
 // Teacher forcing: decodes tokens[0 .. n-2] one by one from pos and returns the logits after each.
-std::vector<std::vector<float>> force(llama_context * ctx, const std::vector<llama_token> & tokens, llama_pos pos);
+std::vector<std::vector<float>> force(llama_context * ctx, const std::vector<llama_token> & tokens, llama_pos pos,
+                                      const step_hook & after_step = {});
 
 // Fidelity of a compressed cache to the full one, teacher-forced on the full cache's greedy tokens: at each
 // step the argmax agreement and KL(full || compressed) of the next-token distributions. `first` is the compressed
@@ -44,7 +50,7 @@ struct fidelity {
     int32_t n         = 0;  // steps compared
 };
 fidelity compare_to_full(llama_context * compressed, const generation & full, llama_pos pos,
-                         const std::vector<float> * first);
+                         const std::vector<float> * first, const step_hook & after_step = {});
 
 // KL(softmax(p) || softmax(q)) in nats.
 double kl_divergence(const std::vector<float> & p_logits, const std::vector<float> & q_logits);
