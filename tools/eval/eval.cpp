@@ -313,6 +313,13 @@ int ecokv_eval(int argc, char ** argv) {
                 }
                 rec["prediction"] = answer_text(el::detokenize(model.get(), gen->tokens));
                 rec["decode_s"]   = gen->seconds;
+                // The item's own score; CIDEr is corpus-level (document frequencies), so only the report has it.
+                if (dataset.metric != "cider") {
+                    const ecokv::metric_item mi{ rec["prediction"], item.answers, item.type };
+                    rec["score"] = ecokv::evaluate(dataset.metric, std::span(&mi, 1)).score;
+                } else {
+                    rec["score"] = nullptr;
+                }
                 out << rec.dump() << "\n";
                 out.flush();  // a killed run loses nothing that was answered
             }
