@@ -10,6 +10,7 @@
 //   compression time < 2% of the prefill time;
 //   KV bytes allocated <= roundup256(kept cells + n_decode) x bytes per cell.
 // See bench/bench-decode.md. Usage: bench-decode --help
+#include "seeded-random.h"
 #include "ecokv/error.h"
 #include "ecokv/llama-adapter.h"
 #include "ecokv/llama-generate.h"
@@ -277,27 +278,9 @@ template <typename... A> void progress(const char * fmt, A... args) {
 
 // ---- the model -------------------------------------------------------------------------------------------------
 
-uint64_t fnv1a(const std::string & s) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : s) {
-        h ^= c;
-        h *= 1099511628211ull;
-    }
-    return h;
-}
+using ecokv::test::fnv1a;
+using ecokv::test::splitmix64;
 
-struct splitmix64 {
-    uint64_t state;
-
-    uint64_t next() {
-        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-        z          = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z          = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
-
-    double uniform() { return double((next() >> 11) + 1) * 0x1.0p-53; }  // (0, 1]
-};
 
 bool ends_with(const std::string & s, const std::string & suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;

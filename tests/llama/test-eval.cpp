@@ -21,22 +21,14 @@ struct eval_fixture {
     std::string model, mmproj, data;
 
     eval_fixture() {
-        tiny_config c;
-        c.arch             = "qwen2vl";
-        const tiny_model m = make_tiny_model(c);
-        model              = dir / "model.gguf";
-        llama_model_save_to_file(m.get(), model.c_str());
-        tiny_mmproj_config p;
-        p.n_embd_text = c.n_embd;
-        mmproj        = dir / "mmproj.gguf";
-        write_tiny_mmproj(mmproj, p);
-        data = dir / "data";
+        const tiny_vlm_files vlm = write_tiny_vlm(dir.path().string(), "qwen2vl", mmproj_type::qwen2vl_merger);
+        model                    = vlm.model;
+        mmproj                   = vlm.mmproj;
+        data                     = dir / "data";
         fs::create_directories(data);
         std::string jsonl;
         for (int i = 0; i < 5; ++i) {
-            const std::vector<uint8_t> px = make_test_image_rgb(84 + 28 * (i % 2), 56, uint64_t(i + 1));
-            write_file(data + "/img" + std::to_string(i) + ".ppm",
-                       "P6\n" + std::to_string(84 + 28 * (i % 2)) + " 56\n255\n" + std::string(px.begin(), px.end()));
+            write_test_ppm(data + "/img" + std::to_string(i) + ".ppm", 84 + 28 * (i % 2), 56, uint64_t(i + 1));
             jsonl += json{ { "id", "q" + std::to_string(i) }, { "image", { "img" + std::to_string(i) + ".ppm" } },
                            { "question", "what is written?" }, { "answers", { "a" + std::to_string(i) } }, { "type", "t" } }
                          .dump() +

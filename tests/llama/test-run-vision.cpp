@@ -22,19 +22,11 @@ struct vision_fixture {
     std::string model, mmproj, image;
 
     vision_fixture(const std::string & arch, mmproj_type type) {
-        tiny_config c;
-        c.arch = arch;
-        const tiny_model m = make_tiny_model(c);
-        model              = dir / "model.gguf";
-        llama_model_save_to_file(m.get(), model.c_str());
-        tiny_mmproj_config p;
-        p.type        = type;
-        p.n_embd_text = c.n_embd;
-        mmproj        = dir / "mmproj.gguf";
-        write_tiny_mmproj(mmproj, p);
-        image                         = dir / "image.ppm";
-        const std::vector<uint8_t> px = make_test_image_rgb(112, 84, 5);
-        write_file(image, "P6\n112 84\n255\n" + std::string(px.begin(), px.end()));
+        const tiny_vlm_files f = write_tiny_vlm(dir.path().string(), arch, type);
+        model                  = f.model;
+        mmproj                 = f.mmproj;
+        image                  = dir / "image.ppm";
+        write_test_ppm(image, 112, 84, 5);
     }
 
     run_result run(std::vector<std::string> args) const {

@@ -1,5 +1,8 @@
 #include "tiny-mmproj.h"
 
+#include "seeded-random.h"
+#include "tiny-model.h"
+
 #include "ggml.h"
 #include "gguf.h"
 #include "mtmd.h"
@@ -7,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <fstream>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -18,33 +22,6 @@ namespace ecokv::test {
 
 namespace {
 
-// ---- deterministic, platform-independent random numbers ------------------------------------------------------
-
-uint64_t hash_name(const std::string & s) {  // FNV-1a
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (unsigned char ch : s) {
-        h = (h ^ ch) * 0x100000001b3ull;
-    }
-    return h;
-}
-
-struct rng64 {  // splitmix64
-    uint64_t s;
-
-    uint64_t next() {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-        z          = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z          = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
-
-    double uniform() { return double((next() >> 11) + 1) * 0x1.0p-53; }  // (0, 1]
-
-    double normal() {  // Box-Muller
-        const double u1 = uniform(), u2 = uniform();
-        return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-    }
-};
 
 // ---- tensor plan -----------------------------------------------------------------------------------------------
 
@@ -181,7 +158,7 @@ bool omitted(const tiny_mmproj_config & c, const std::string & name) {
 
 void fill_tensor(ggml_tensor * t, const tensor_spec & s, uint64_t seed) {
     const int64_t n = ggml_nelements(t);
-    rng64         rng{ seed ^ hash_name(s.name) };
+    splitmix64         rng{ seed ^ fnv1a(s.name) };
     for (int64_t i = 0; i < n; ++i) {
         const double z = rng.normal();
         const float  x = float(s.kind == fill::norm_weight ? 1.0 + s.stdev * z : s.stdev * z);
@@ -375,7 +352,7 @@ std::vector<uint8_t> make_test_image_rgb(int32_t nx, int32_t ny, uint64_t seed) 
         throw std::invalid_argument("make_test_image_rgb: nx and ny must be positive");
     }
     std::vector<uint8_t> px(size_t(nx) * size_t(ny) * 3);
-    rng64                rng{ seed ^ 0x696d616765ull };  // "image"
+    splitmix64                rng{ seed ^ 0x696d616765ull };  // "image"
     // per-seed gradient directions, so different seeds give visibly different images
     const double a0 = rng.uniform() * 6.283185307179586, a1 = rng.uniform() * 6.283185307179586;
     for (int32_t y = 0; y < ny; ++y) {
@@ -407,6 +384,26 @@ bitmap_ptr make_test_bitmap(int32_t nx, int32_t ny, uint64_t seed) {
         throw std::runtime_error("make_test_bitmap: mtmd_bitmap_init failed");
     }
     return b;
+}
+
+void write_test_ppm(const std::string & path, int32_t nx, int32_t ny, uint64_t seed) {
+    const std::vector<uint8_t> px = make_test_image_rgb(nx, ny, seed);
+    std::ofstream out(path, std::ios::binary);
+    out << "P6\n" << nx << " " << ny << "\n255\n";
+    out.write(reinterpret_cast<const char *>(px.data()), std::streamsize(px.size()));
+}
+
+tiny_vlm_files write_tiny_vlm(const std::string & dir, const std::string & arch, mmproj_type type) {
+    tiny_config c;
+    c.arch = arch;
+    const tiny_model m = make_tiny_model(c);
+    tiny_vlm_files   f{ dir + "/model.gguf", dir + "/mmproj.gguf" };
+    llama_model_save_to_file(m.get(), f.model.c_str());
+    tiny_mmproj_config p;
+    p.type        = type;
+    p.n_embd_text = c.n_embd;
+    write_tiny_mmproj(f.mmproj, p);
+    return f;
 }
 
 }  // namespace ecokv::test

@@ -105,6 +105,16 @@ image_geometry expected_image_geometry(const tiny_mmproj_config & c, int32_t nx,
 // gradients plus seeded noise, so neighbouring patches differ.
 std::vector<uint8_t> make_test_image_rgb(int32_t nx, int32_t ny, uint64_t seed);
 
+// make_test_image_rgb written as a binary PPM (P6), which mtmd reads from a file (stb_image).
+void write_test_ppm(const std::string & path, int32_t nx, int32_t ny, uint64_t seed);
+
+// A random-weight text model (arch, default shape) and a matching projector saved as GGUF files in `dir`:
+// dir/model.gguf and dir/mmproj.gguf, for tests that run the ecokv binary.
+struct tiny_vlm_files {
+    std::string model, mmproj;
+};
+tiny_vlm_files write_tiny_vlm(const std::string & dir, const std::string & arch, mmproj_type type);
+
 struct mtmd_bitmap_deleter {
     void operator()(mtmd_bitmap * b) const;  // mtmd_bitmap_free
 };

@@ -1,5 +1,7 @@
 #include "tiny-model.h"
 
+#include "seeded-random.h"
+
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "gguf.h"
@@ -15,35 +17,6 @@
 namespace ecokv::test {
 
 namespace {
-
-// ---- deterministic, platform-independent random numbers ------------------------------------------------------
-
-uint64_t fnv1a(const std::string & s) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : s) {
-        h ^= c;
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-struct splitmix64 {
-    uint64_t state;
-
-    uint64_t next() {
-        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-        z          = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z          = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
-
-    double uniform() { return double((next() >> 11) + 1) * 0x1.0p-53; }  // (0, 1]
-
-    double normal() {  // Box-Muller, one value per call
-        const double u1 = uniform(), u2 = uniform();
-        return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-    }
-};
 
 bool ends_with(const std::string & s, const std::string & suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
