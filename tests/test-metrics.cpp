@@ -40,11 +40,11 @@ TEST(metric_registry, lists_every_metric_in_order) {
         EXPECT_FALSE(m.description.empty()) << m.name;
         EXPECT_EQ(m.needs_type, m.name == "ocrbench") << m.name;
     }
-    EXPECT_EQ(names, (strings{ "exact", "relaxed", "vqa", "anls", "cider", "rougel", "ocrbench" }));
+    EXPECT_EQ(names, (strings{ "exact", "relaxed", "vqa", "anls", "chars", "cider", "rougel", "ocrbench" }));
 }
 
 TEST(metric_registry, unknown_names_list_the_known_ones) {
-    const std::string want = "unknown metric 'bleu'; known: exact, relaxed, vqa, anls, cider, rougel, ocrbench";
+    const std::string want = "unknown metric 'bleu'; known: exact, relaxed, vqa, anls, chars, cider, rougel, ocrbench";
     EXPECT_EQ(error_of([] { ecokv::find_metric("bleu"); }), want);
     const std::vector<metric_item> items = { { "a", { "a" }, "" } };
     EXPECT_EQ(error_of([&] { ecokv::evaluate("bleu", items); }), want);
@@ -60,7 +60,8 @@ TEST(metric_registry, evaluate_checks_its_items) {
 }
 
 // Every metric scores a perfect prediction above zero and a wrong one at zero (two images: one gives CIDEr 0,
-// see cider.one_image_is_zero; four answers: one gives VQA accuracy 0, see vqa.accuracy_over_leave_one_out).
+// see cider.one_image_is_zero; four answers: one gives VQA accuracy 0, see vqa.accuracy_over_leave_one_out),
+// chars excepted: it gives partial credit, here "zebra" 14 edits from the 15 characters of "a red stop sign".
 TEST(metric_registry, every_metric_runs) {
     const auto item = [](const char * pred, const char * answer) {
         return metric_item{ pred, strings(4, answer), "Regular Text Recognition" };
@@ -72,7 +73,8 @@ TEST(metric_registry, every_metric_runs) {
         EXPECT_EQ(r.metric, m.name);
         EXPECT_EQ(r.n, 2u);
         EXPECT_GT(r.score, 0.0) << m.name;
-        EXPECT_EQ(ecokv::evaluate(m.name, wrong).score, 0.0) << m.name;
+        EXPECT_DOUBLE_EQ(ecokv::evaluate(m.name, wrong).score, m.name == "chars" ? (1.0 - 14.0 / 15.0) / 2 : 0.0)
+            << m.name;
     }
 }
 
@@ -206,6 +208,45 @@ TEST(anls, similarity_by_hand) {
     EXPECT_DOUBLE_EQ(anls("École", strings{ "Ecole" }), 0.8);
     const std::vector<metric_item> items = { { "abcdefghiX", { "abcdefghij" }, "" }, { "x", { "y" }, "" } };
     EXPECT_DOUBLE_EQ(ecokv::evaluate("anls", items).score, 0.45);  // (0.9 + 0) / 2
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// chars (transcriptions)
+
+TEST(chars, character_accuracy_by_hand) {
+    using ecokv::metrics::char_accuracy;
+    EXPECT_DOUBLE_EQ(char_accuracy("TOTAL 12.50", strings{ "TOTAL 12.50" }), 1.0);
+    EXPECT_DOUBLE_EQ(char_accuracy("TOTAL 12.5", strings{ "TOTAL 12.50" }), 1.0 - 1.0 / 11.0);  // 1 deletion / 11
+    EXPECT_DOUBLE_EQ(char_accuracy("TOTAL 12.50", strings{ "TOTAL 12.5" }), 0.9);               // over the answer's 10
+    EXPECT_DOUBLE_EQ(char_accuracy(" \tTOTAL 12.50\n", strings{ "TOTAL 12.50" }), 1.0);        // prediction stripped
+    EXPECT_DOUBLE_EQ(char_accuracy("Total", strings{ "TOTAL" }), 1.0 - 4.0 / 5.0);             // case-sensitive
+    EXPECT_DOUBLE_EQ(char_accuracy("", strings{ "abc" }), 0.0);
+    EXPECT_DOUBLE_EQ(char_accuracy("  ", strings{ "abc" }), 0.0);
+    EXPECT_DOUBLE_EQ(char_accuracy("abcd", strings{ "abc" }), 1.0 - 1.0 / 3.0);
+    EXPECT_DOUBLE_EQ(char_accuracy("abcdefgh", strings{ "abc" }), 0.0);  // 1 - 5/3 clipped
+    EXPECT_DOUBLE_EQ(char_accuracy("", strings{ "" }), 1.0);             // max(1, 0): no division by 0
+    EXPECT_DOUBLE_EQ(char_accuracy("x", strings{ "" }), 0.0);
+    EXPECT_DOUBLE_EQ(char_accuracy("Paris", strings{ "London", "Pariss" }), 1.0 - 1.0 / 6.0);  // best answer
+    // Characters, not bytes: one substitution in 5.
+    EXPECT_DOUBLE_EQ(char_accuracy("École", strings{ "Ecole" }), 0.8);
+}
+
+TEST(chars, newlines_in_the_answer_are_characters) {
+    using ecokv::metrics::char_accuracy;
+    EXPECT_DOUBLE_EQ(char_accuracy("ab\ncd", strings{ "ab\ncd" }), 1.0);
+    EXPECT_DOUBLE_EQ(char_accuracy("ab cd", strings{ "ab\ncd" }), 0.8);      // substitution
+    EXPECT_DOUBLE_EQ(char_accuracy("abcd", strings{ "ab\ncd" }), 0.8);       // deletion
+    EXPECT_DOUBLE_EQ(char_accuracy("ab\ncd\n", strings{ "ab\ncd" }), 1.0);  // the prediction's trailing one stripped
+    // The answer is not stripped: its trailing newline is one more character to produce.
+    EXPECT_DOUBLE_EQ(char_accuracy("abc\n", strings{ "abc\n" }), 0.75);
+}
+
+TEST(chars, corpus_score_is_the_mean) {
+    const std::vector<metric_item> items = { { "TOTAL 12.5", { "TOTAL 12.50" }, "" }, { "", { "x" }, "" } };
+    const ecokv::metric_result     r     = ecokv::evaluate("chars", items);
+    EXPECT_EQ(r.metric, "chars");
+    EXPECT_EQ(r.n, 2u);
+    EXPECT_DOUBLE_EQ(r.score, (1.0 - 1.0 / 11.0) / 2);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -363,6 +404,8 @@ TEST(metrics_robustness, random_text_never_breaks_a_metric) {
         }
         const double a = ecokv::metrics::anls(pred, answers);
         EXPECT_TRUE(a == 0.0 || (a >= 0.5 && a <= 1.0)) << pred;
+        const double c = ecokv::metrics::char_accuracy(pred, answers);
+        EXPECT_TRUE(c >= 0.0 && c <= 1.0) << pred;
         const double v = ecokv::metrics::vqa_accuracy(pred, answers);
         EXPECT_TRUE(v >= 0.0 && v <= 1.0) << pred;
         const double r = ecokv::metrics::rouge_l(pred, answers);
@@ -476,7 +519,7 @@ TEST(read_metric_items, missing_empty_and_unknown) {
               empty + ": no items (expected one JSON object per line)");
     const std::string ok = d.write("ok.jsonl", "{\"prediction\": \"a\", \"answers\": \"a\"}\n");
     EXPECT_EQ(error_of([&] { ecokv::read_metric_items(ok, "nope"); }),
-              "unknown metric 'nope'; known: exact, relaxed, vqa, anls, cider, rougel, ocrbench");
+              "unknown metric 'nope'; known: exact, relaxed, vqa, anls, chars, cider, rougel, ocrbench");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -565,7 +608,7 @@ TEST(metric_cli, errors_exit_1_with_a_message_and_no_output) {
     const std::string                                  ok    = k_data + "/vqa-mini.jsonl";
     const std::vector<std::pair<strings, std::string>> cases = {
         { { "--metric", "bleu", "--input", ok },
-          "ecokv metric: error: unknown metric 'bleu'; known: exact, relaxed, vqa, anls, cider, rougel, ocrbench\n" },
+          "ecokv metric: error: unknown metric 'bleu'; known: exact, relaxed, vqa, anls, chars, cider, rougel, ocrbench\n" },
         { { "--metric", "vqa" }, "ecokv metric: error: missing --input (see --help)\n" },
         { { "--input", ok }, "ecokv metric: error: missing --metric (see --help)\n" },
         { { "--metric", "vqa", "--input", bad }, "ecokv metric: error: " + bad + ":2: missing \"answers\"\n" },

@@ -14,28 +14,12 @@
 #include "metrics/text.h"
 
 #include <algorithm>
-#include <numeric>
 
 namespace ecokv {
 
 namespace {
 
 using namespace detail;
-
-size_t levenshtein(const std::u32string & a, const std::u32string & b) {
-    std::vector<size_t> row(b.size() + 1);
-    std::iota(row.begin(), row.end(), size_t(0));
-    for (size_t i = 1; i <= a.size(); ++i) {
-        size_t diag = row[0];
-        row[0]      = i;
-        for (size_t j = 1; j <= b.size(); ++j) {
-            const size_t up = row[j];
-            row[j]          = std::min({ row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1) });
-            diag            = up;
-        }
-    }
-    return row[b.size()];
-}
 
 std::u32string collapse(const std::u32string & raw) {
     return join(py_split(py_lower(py_strip(raw))), U' ');

@@ -15,6 +15,7 @@ metric_result score_exact(std::span<const metric_item> items);
 metric_result score_relaxed(std::span<const metric_item> items);
 metric_result score_vqa(std::span<const metric_item> items);
 metric_result score_anls(std::span<const metric_item> items);
+metric_result score_chars(std::span<const metric_item> items);
 metric_result score_cider(std::span<const metric_item> items);
 metric_result score_rougel(std::span<const metric_item> items);
 metric_result score_ocrbench(std::span<const metric_item> items);

@@ -1,6 +1,9 @@
 // ecokv eval internals: Python str semantics (see text.h).
 #include "metrics/text.h"
 
+#include <algorithm>
+#include <numeric>
+
 namespace ecokv::detail {
 
 std::u32string utf8_decode(std::string_view text) {
@@ -174,6 +177,21 @@ std::u32string replace_all(std::u32string_view s, std::u32string_view from, std:
     }
     out.append(s.substr(i));
     return out;
+}
+
+size_t levenshtein(std::u32string_view a, std::u32string_view b) {
+    std::vector<size_t> row(b.size() + 1);  // one row of the DP table: distances from a[0, i) to each prefix of b
+    std::iota(row.begin(), row.end(), size_t(0));
+    for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diag = row[0];
+        row[0]      = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t up = row[j];
+            row[j]          = std::min({ row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1) });
+            diag            = up;
+        }
+    }
+    return row[b.size()];
 }
 
 std::u32string u32(std::string_view ascii) {

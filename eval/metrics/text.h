@@ -6,6 +6,7 @@
 // 'i', without Python's combining dot); other characters are left as they are.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,9 @@ std::u32string              join(const std::vector<std::u32string> & words, char
 
 bool           contains(std::u32string_view s, std::u32string_view part);
 std::u32string replace_all(std::u32string_view s, std::u32string_view from, std::u32string_view to);
+
+// Levenshtein distance over code points, unit costs for insertion, deletion and substitution (anls, chars).
+size_t levenshtein(std::u32string_view a, std::u32string_view b);
 
 // ASCII literal to UTF-32 (for tables of ASCII keys).
 std::u32string u32(std::string_view ascii);

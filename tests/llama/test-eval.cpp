@@ -103,11 +103,52 @@ TEST(eval, fidelity_records_per_layer_attention_error) {
     EXPECT_EQ(n, 2);
 }
 
+// --metric replaces the dataset's own (exact for the generated suite) in the records, config.json and the
+// report; a resume with another metric, or without the option, is refused, and so is a report mixing the two.
+TEST(eval, metric_option_replaces_the_datasets) {
+    const eval_fixture             f;
+    const std::string              chars = f.dir / "chars", plain = f.dir / "plain";
+    const std::vector<std::string> small = { "--limit", "1", "--methods", "full,snapkv+ecokv", "--budgets", "10" };
+    const auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.begin(), small.begin(), small.end());
+        return extra;
+    };
+    run_result r = f.eval(chars, with({ "--metric", "chars" }));
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_EQ(json::parse(read_file(chars + "/config.json"))["metric"], "chars");
+    const std::string lines = read_file(chars + "/results.jsonl");
+    const json        rec   = json::parse(lines.substr(0, lines.find('\n')));
+    ASSERT_EQ(rec["method"], "full") << rec.dump();
+    ASSERT_TRUE(rec["score"].is_number()) << rec.dump();
+    const json table = f.report({ chars })["generated"];
+    EXPECT_EQ(table["metric"], "chars");
+    for (const json & s : table["scores"]) {
+        if (s["method"] == "FullKV") {
+            EXPECT_NEAR(s["score"].get<double>(), 100.0 * rec["score"].get<double>(), 1e-9) << table.dump();
+        }
+    }
+
+    for (const std::vector<std::string> & extra : { with({ "--metric", "exact" }), small }) {
+        r = f.eval(chars, extra);
+        EXPECT_EQ(r.code, 1) << describe(r);
+        EXPECT_TRUE(contains(r.err, "describes another run (metric \"chars\" there, \"exact\" here)")) << describe(r);
+    }
+    r = f.eval(chars, with({ "--metric", "chars" }));  // the same run resumes (nothing left to do)
+    EXPECT_EQ(r.code, 0) << describe(r);
+
+    ASSERT_EQ(f.eval(plain, small).code, 0);
+    r = run_cli(f.dir.path().string(), { "report", chars, plain });
+    EXPECT_EQ(r.code, 1) << describe(r);
+    EXPECT_TRUE(contains(r.err, plain + ": generated scored with exact, but with chars in an earlier directory"))
+        << describe(r);
+}
+
 TEST(eval, bad_options_are_rejected) {
     const eval_fixture f;
     const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
         { { "--shard", "2/2" }, "--shard '2/2' must be i/n" },
         { { "--mode", "bogus" }, "--mode must be prompt or agnostic" },
+        { { "--metric", "nosuch" }, "ecokv eval: error: unknown metric 'nosuch'; known: exact, " },
     };
     for (const auto & [extra, message] : cases) {
         const run_result r = f.eval(f.dir / "bad", extra);

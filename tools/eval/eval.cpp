@@ -76,6 +76,20 @@ std::set<std::string> load_done(const std::string & path) {
     return done;
 }
 
+// "metric \"anls\" there, \"chars\" here" for each key a results directory's config.json and this run disagree on.
+std::string config_differences(const json & there, const json & here) {
+    std::string out;
+    json        keys = here;
+    keys.update(there);  // every key of either
+    for (const auto & [k, v] : keys.items()) {
+        const json a = there.contains(k) ? there.at(k) : json(), b = here.contains(k) ? here.at(k) : json();
+        if (a != b) {
+            out += (out.empty() ? "" : ", ") + k + " " + a.dump() + " there, " + b.dump() + " here";
+        }
+    }
+    return out;
+}
+
 // The first line of the answer, trimmed: short-answer benchmarks score that.
 std::string answer_text(std::string s) {
     s = s.substr(0, s.find('\n'));
@@ -123,6 +137,7 @@ int ecokv_eval(int argc, char ** argv) {
             ("model", "GGUF model", cxxopts::value<std::string>())
             ("mmproj", "multimodal projector GGUF (for datasets with images)", cxxopts::value<std::string>())
             ("dataset", "dataset name (see --list-datasets)", cxxopts::value<std::string>())
+            ("metric", "score with this metric instead of the dataset's (see ecokv metric --list)", cxxopts::value<std::string>())
             ("data", "directory holding the dataset's official files", cxxopts::value<std::string>()->default_value(""))
             ("methods", "comma-separated methods; `full` is the uncompressed cache", cxxopts::value<std::string>())
             ("budgets", "comma-separated budgets", cxxopts::value<std::string>()->default_value("64,128,256"))
@@ -152,6 +167,9 @@ int ecokv_eval(int argc, char ** argv) {
         reject_positional(args);
         require(args, { "model", "dataset", "methods", "out" });
         const ecokv::dataset_info & dataset = ecokv::find_dataset(args["dataset"].as<std::string>());
+        // Checked now, before any work: an unknown name fails with the list of known ones.
+        const ecokv::metric_info &  metric  = ecokv::find_metric(args.count("metric") ? args["metric"].as<std::string>()
+                                                                                      : dataset.metric);
         const std::string           mode    = args["mode"].as<std::string>();
         if (mode != "prompt" && mode != "agnostic") {
             throw error("--mode must be prompt or agnostic, not '" + mode + "'");
@@ -182,6 +200,12 @@ int ecokv_eval(int argc, char ** argv) {
         if (const int32_t limit = args["limit"].as<int32_t>(); limit > 0 && size_t(limit) < items.size()) {
             items.resize(size_t(limit));
         }
+        for (const ecokv::eval_item & it : items) {  // else evaluate() would throw after the first answer
+            if (metric.needs_type && it.type.empty()) {
+                throw error("metric " + metric.name + " needs each item's question type; " + dataset.name + " item '" +
+                            it.id + "' has none");
+            }
+        }
         std::vector<const ecokv::eval_item *> mine;
         for (size_t i = 0; i < items.size(); ++i) {
             if (int32_t(i % size_t(n_shards)) == shard) {
@@ -191,14 +215,14 @@ int ecokv_eval(int argc, char ** argv) {
 
         const std::string out_dir = args["out"].as<std::string>();
         fs::create_directories(out_dir);
-        const json config = { { "dataset", dataset.name }, { "metric", dataset.metric }, { "mode", mode },
+        const json config = { { "dataset", dataset.name }, { "metric", metric.name }, { "mode", mode },
                               { "model", fs::path(args["model"].as<std::string>()).filename().string() },
                               { "n_predict", n_predict } };
         const std::string config_path = out_dir + "/config.json";
         if (fs::exists(config_path)) {
             std::ifstream in(config_path);
-            if (json::parse(in) != config) {
-                throw error(config_path + " describes another run (dataset, model, mode or -n differ)");
+            if (const json there = json::parse(in); there != config) {
+                throw error(config_path + " describes another run (" + config_differences(there, config) + ")");
             }
         } else {
             ecokv::write_file_atomic(config_path, config.dump(2) + "\n");
@@ -314,9 +338,9 @@ int ecokv_eval(int argc, char ** argv) {
                 rec["prediction"] = answer_text(el::detokenize(model.get(), gen->tokens));
                 rec["decode_s"]   = gen->seconds;
                 // The item's own score; CIDEr is corpus-level (document frequencies), so only the report has it.
-                if (dataset.metric != "cider") {
+                if (metric.name != "cider") {
                     const ecokv::metric_item mi{ rec["prediction"], item.answers, item.type };
-                    rec["score"] = ecokv::evaluate(dataset.metric, std::span(&mi, 1)).score;
+                    rec["score"] = ecokv::evaluate(metric.name, std::span(&mi, 1)).score;
                 } else {
                     rec["score"] = nullptr;
                 }

@@ -1,5 +1,5 @@
 // ecokv report: merge the results of `ecokv eval` runs (shards, resumed runs) into a table shaped like the
-// papers' Table 1: methods x budgets with the dataset's metric, FullKV first, deltas against MixKV.
+// papers' Table 1: methods x budgets with the run's metric, FullKV first, deltas against MixKV.
 #include "common/args.h"
 #include "ecokv/error.h"
 #include "ecokv/metrics.h"
@@ -48,8 +48,14 @@ void read_dir(const std::string & dir, std::map<std::string, dataset_results> & 
         throw error(dir + ": no config.json (not an ecokv eval results directory)");
     }
     const json        cfg     = json::parse(cfg_in);
-    dataset_results & results = out[cfg.at("dataset").get<std::string>()];
-    results.metric            = cfg.at("metric").get<std::string>();
+    const std::string dataset = cfg.at("dataset").get<std::string>();
+    const std::string metric  = cfg.at("metric").get<std::string>();  // the dataset's, or eval --metric's
+    dataset_results & results = out[dataset];
+    if (!results.metric.empty() && results.metric != metric) {  // one table has one metric
+        throw error(dir + ": " + dataset + " scored with " + metric + ", but with " + results.metric +
+                    " in an earlier directory (report them separately)");
+    }
+    results.metric = metric;
     std::vector<fs::path> files;
     for (const auto & e : fs::directory_iterator(dir)) {
         const std::string name = e.path().filename().string();

@@ -88,6 +88,10 @@ double vqa_accuracy(std::string_view prediction, std::span<const std::string> an
 // lower-cased, whitespace-collapsed strings over the longer of the two raw lengths.
 double anls(std::string_view prediction, std::span<const std::string> answers);
 
+// chars (transcriptions): max over answers of max(0, 1 - L / max(1, len(answer))), L = Levenshtein distance
+// between the stripped prediction and the answer as it is (code points, case kept, '\n' a character).
+double char_accuracy(std::string_view prediction, std::span<const std::string> answers);
+
 // ocrbench: an answer is a substring of the prediction after lower() and strip() ('\n' read as ' '); for
 // "Handwritten Mathematical Expression Recognition" case is kept and spaces and newlines are removed.
 bool ocrbench_correct(std::string_view prediction, std::span<const std::string> answers, std::string_view type);
