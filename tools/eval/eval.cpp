@@ -90,9 +90,12 @@ std::string config_differences(const json & there, const json & here) {
     return out;
 }
 
-// The first line of the answer, trimmed: short-answer benchmarks score that.
-std::string answer_text(std::string s) {
-    s = s.substr(0, s.find('\n'));
+// The answer: the first line of the output, trimmed; the whole output for transcriptions (`chars`), which span
+// lines.
+std::string answer_text(std::string s, bool whole_output) {
+    if (!whole_output) {
+        s = s.substr(0, s.find('\n'));
+    }
     const size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
     return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
@@ -335,7 +338,7 @@ int ecokv_eval(int argc, char ** argv) {
                     rec["mean_kl"]        = fid.n ? json(fid.mean_kl) : json(nullptr);
                     rec["attn_rel_error"] = attention_error(full_out, comp_out);
                 }
-                rec["prediction"] = answer_text(el::detokenize(model.get(), gen->tokens));
+                rec["prediction"] = answer_text(el::detokenize(model.get(), gen->tokens), metric.name == "chars");
                 rec["decode_s"]   = gen->seconds;
                 // The item's own score; CIDEr is corpus-level (document frequencies), so only the report has it.
                 if (metric.name != "cider") {

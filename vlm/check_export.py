@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Check an export against its checkpoint: llama.cpp (through `ecokv run --dump-capture`) must cache the same
+post-RoPE keys and values as the PyTorch model computes, layer by layer, on held-out images.
+
+  python3 vlm/check_export.py vlm/runs/main/ckpt.pt models/tiny-vlm [--ecokv build/bin/ecokv]
+
+This covers the whole path: PNG decoding and normalisation in mtmd, the ViT, the projector, the placement of
+the image embeddings, the tokenizer, RMSNorm, RoPE and GQA. Exit status 1 when an error exceeds --tol (the
+cache is F16, so errors of a few 1e-4 relative to the largest value are rounding).
+"""
+
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_docs  # noqa: E402
+from model import BOS, Config, TinyVLM, encode, rope, rope_tables  # noqa: E402
+
+
+def read_safetensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8: 8 + n])
+    types = {"F32": np.float32, "F16": np.float16, "U8": np.uint8}
+    out = {}
+    for name, h in header.items():
+        if name != "__metadata__":
+            a, b = h["data_offsets"]
+            out[name] = np.frombuffer(raw[8 + n + a: 8 + n + b], types[h["dtype"]]).reshape(h["shape"])
+    return out
+
+
+@torch.no_grad()
+def torch_kv(model, image, text):
+    """Per layer (K, V) as (H_kv, T, D) for the prompt BOS, image, "\\n" + text."""
+    c = model.c
+    n_patches = (c.image_size // c.patch_size) ** 2
+    ids = [BOS] + [0] * n_patches + encode("\n" + text)
+    x = model.embed(torch.tensor([ids]), torch.from_numpy(image[None]), [(0, 1)])
+    t, hd = x.shape[1], c.n_embd // c.n_head
+    cos, sin = rope_tables(t, hd, c.rope_base)
+    mask = torch.full((t, t), float("-inf")).triu(1)
+    out = []
+    for layer in model.layers:
+        h = layer.attn_norm(x)
+        k = rope(layer.wk(h).view(1, t, c.n_head_kv, hd), cos, sin)[0].transpose(0, 1)
+        v = layer.wv(h).view(1, t, c.n_head_kv, hd)[0].transpose(0, 1)
+        out.append((k.numpy(), v.numpy()))
+        x = layer(x, cos, sin, mask)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint")
+    ap.add_argument("prefix", help="export prefix (PREFIX.gguf, PREFIX-mmproj.gguf)")
+    ap.add_argument("--ecokv", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "ecokv"))
+    ap.add_argument("--items", type=int, default=3)
+    ap.add_argument("--tol", type=float, default=3e-3)
+    a = ap.parse_args()
+    ck = torch.load(a.checkpoint, map_location="cpu")
+    model = TinyVLM(Config(**ck["config"]))
+    model.load_state_dict(ck["model"])
+    model.eval()
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(a.items):
+            it = gen_docs.item(seed, "qa")
+            png, cap = os.path.join(tmp, "page.png"), os.path.join(tmp, "capture.safetensors")
+            with open(png, "wb") as f:
+                f.write(gen_docs.png_bytes(it["images"][0]))
+            text = "Read all text."
+            r = subprocess.run([a.ecokv, "run", "--model", a.prefix + ".gguf", "--mmproj", a.prefix + "-mmproj.gguf",
+                                "--image", png, "-p", text, "--method", "snapkv", "--budget", "100000", "-n", "1",
+                                "--dump-capture", cap], capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"ecokv run failed:\n{r.stderr}")
+            got = read_safetensors(cap)
+            for layer, (k, v) in enumerate(torch_kv(model, it["images"][0], text)):
+                for name, ref in (("keys", k), ("values", v)):
+                    cached = got[f"layers.{layer}.{name}"].astype(np.float32)
+                    if cached.shape != ref.shape:
+                        sys.exit(f"layer {layer} {name}: llama.cpp shape {cached.shape}, torch {ref.shape}")
+                    err = float(np.abs(cached - ref).max() / np.abs(ref).max())
+                    worst = max(worst, err)
+                    print(f"item {seed} layer {layer} {name}: max error / max |value| = {err:.2e}")
+    print(f"worst {worst:.2e} (tolerance {a.tol:.0e})")
+    sys.exit(0 if worst <= a.tol else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""Synthetic document images and questions for the tiny VLM (receipts, forms, tables; a multi-image variant).
+
+Every item is a pure function of its seed: item i of `--seed S` uses seed S + i, so the same seed gives the
+same bytes. Seed ranges (see models/tiny-vlm.md):
+  0 ..   999,999   held-out evaluation (vlm/eval sets, tests, the sample in models/)
+  1,000,000 and up training (vlm/train.py draws only from there)
+
+A page is a 12x12 grid of 8x8-pixel character cells (96x96 RGB), so the LLaVA ViT with 8-pixel patches sees
+144 image tokens, one character each.
+
+Usage: gen_docs.py --seed 0 --count 500 --out DIR [--task qa|read|row|multi]
+writes DIR/images/*.png and DIR/items.jsonl ({"image": [...], "question", "answers", "type", "context", "id"}),
+the `generated` dataset format of `ecokv eval`.
+"""
+
+import argparse
+import json
+import os
+import random
+import struct
+import sys
+import tempfile
+import zlib
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from font5x7 import CHARSET, GLYPHS  # noqa: E402
+
+GRID = 12  # characters per row and rows per page
+CELL = 8  # pixels per character cell = ViT patch size
+IMAGE_SIZE = GRID * CELL
+FIRST_TRAIN_SEED = 1_000_000
+
+ITEMS = ["MILK", "BREAD", "EGGS", "RICE", "TEA", "SOAP", "JAM", "FISH", "SALT", "OIL", "CAKE", "PEAS", "CORN",
+         "BEEF", "SODA", "PLUM", "PEAR", "LIME", "OATS", "HAM", "KALE", "TUNA", "NUTS", "WINE", "BEER", "PIE",
+         "SOUP", "FIG", "YAM", "HONEY", "APPLE", "LEMON", "MANGO", "PASTA", "FLOUR", "SUGAR", "BACON", "TOAST"]
+FORM_LABELS = ["NAME", "DATE", "CITY", "ID", "CODE", "TEL", "AGE", "ZIP", "REF", "ROOM", "DEPT", "SEAT", "GATE",
+               "UNIT", "ACCT", "CASE", "LOT", "BOX", "KEY", "TAG", "PIN", "VIN", "ROUTE", "SIZE", "TEAM"]
+NAMES = ["ANNA", "BEN", "CARL", "DORA", "EVA", "FINN", "GUS", "HUGO", "IDA", "JON", "KIM", "LEO", "MAX", "NINA",
+         "OTTO", "PIA", "ROSA", "SAM", "TOM", "UMA", "VERA", "WES", "ZOE", "ROME", "OSLO", "LIMA", "BERN", "KIEV",
+         "BONN", "RIGA", "NICE", "GRAZ", "LYON", "BARI", "CORK", "YORK", "PISA", "TURIN", "PARIS", "MILAN"]
+TITLES = ["RECEIPT", "MARKET", "CAFE", "STORE #", "SHOP", "DELI", "BAKERY", "GROCER"]
+FORM_TITLES = ["FORM", "RECORD", "ENTRY", "TICKET", "PERMIT", "ORDER", "REPORT"]
+NEEDLE_LABELS = ["SECRET", "PASS", "MAGIC", "VAULT"]
+WORDS = ["the", "box", "was", "sent", "on", "a", "cold", "day", "and", "every", "note", "in", "it", "said",
+         "nothing", "new", "so", "we", "kept", "reading", "until", "late", "at", "night", "blue", "door", "tree"]
+
+
+def _atlas():
+    glyphs = np.zeros((len(CHARSET), 7, 5), np.float32)
+    for i, ch in enumerate(CHARSET):
+        glyphs[i] = [[c == "#" for c in row] for row in GLYPHS[ch]]
+    return glyphs
+
+
+ATLAS = _atlas()
+CHAR_INDEX = {ch: i for i, ch in enumerate(CHARSET)}
+
+
+# --- field values --------------------------------------------------------------------------------------------
+def price(rng):
+    return f"{rng.randint(0, 99 if rng.random() < 0.6 else 9)}.{rng.randint(0, 99):02d}"
+
+
+def form_value(rng, label):
+    if label == "NAME" or label == "CITY":
+        return rng.choice(NAMES)
+    if label == "DATE":
+        return f"{rng.randint(1, 28):02d}/{rng.randint(1, 12):02d}"
+    if label == "CODE" or label == "REF" or label == "VIN":
+        alphabet = "ABCDEFGHJKLMNPRSTUVWXYZ0123456789"
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(3, 5)))
+    return str(rng.randint(0, 10 ** rng.randint(1, 5) - 1))
+
+
+# --- layouts: each returns (rows, fields); rows are <= GRID strings of <= GRID chars, fields
+# (label, value, question, type) ---------------------------------------------------------------------------
+def receipt(rng, n_fields):
+    n_items = max(1, n_fields - 2)
+    labels = rng.sample(ITEMS, n_items)
+    rows, fields = [], []
+    if rng.random() < 0.8:
+        title = rng.choice(TITLES)
+        title = title + str(rng.randint(1, 99)) if title.endswith("#") else title
+        rows.append(title.center(GRID).rstrip() if rng.random() < 0.5 else title)
+        if rng.random() < 0.5:
+            rows.append("")
+    cents = 0
+    for label in labels:
+        value = price(rng)
+        cents += round(float(value) * 100)
+        rows.append(label + value.rjust(GRID - len(label)))
+        fields.append((label, value, f"What is the {label}?", "receipt-field"))
+    tax = round(cents * rng.choice([5, 7, 8, 10]) / 100)
+    extra = [("TAX", f"{tax // 100}.{tax % 100:02d}"), ("TOTAL", f"{(cents + tax) // 100}.{(cents + tax) % 100:02d}")]
+    if rng.random() < 0.6:
+        rows.append("-" * GRID)
+    for label, value in extra[2 - (n_fields - n_items):]:  # 1 field: an item; 2: item + TOTAL; more: + TAX
+        rows.append(label + value.rjust(GRID - len(label)))
+        fields.append((label, value, f"What is the {label}?", "receipt-field"))
+    return rows, fields
+
+
+def form(rng, n_fields):
+    labels = rng.sample(FORM_LABELS, n_fields)
+    sep = rng.choice([": ", " ", ":"])
+    indent = " " * rng.choice([0, 0, 1])
+    rows, fields = [], []
+    if rng.random() < 0.7:
+        rows.append(rng.choice(FORM_TITLES) + (f" {rng.randint(1, 999)}" if rng.random() < 0.5 else ""))
+        if rng.random() < 0.5:
+            rows.append("")
+    for label in labels:
+        value = form_value(rng, label)[: GRID - len(indent) - len(label) - len(sep)]
+        rows.append(indent + label + sep + value)
+        fields.append((label, value, f"What is the {label}?", "form-field"))
+        if rng.random() < 0.15:
+            rows.append("")
+    return rows, fields
+
+
+def table(rng, n_fields):
+    n_cols = rng.choice([2, 3]) if n_fields >= 4 else 2
+    n_rows = max(2, -(-n_fields // n_cols))
+    starts = [1, 5, 9] if n_cols == 3 else rng.choice([[1, 7], [2, 8], [0, 6]])
+    width = 3 if n_cols == 3 else 4
+    rows, fields = [], []
+    if rng.random() < 0.6:
+        rows.append(rng.choice(["TABLE", "SCORES", "STOCK", "PRICES", "COUNTS"]) + f" {rng.randint(1, 9)}")
+    header = [" "] * GRID
+    for c, s in enumerate(starts):
+        header[s] = "ABC"[c]
+    rows.append("".join(header).rstrip())
+    for r in range(n_rows):
+        line = [" "] * GRID
+        for c, s in enumerate(starts):
+            value = str(rng.randint(0, 10 ** rng.randint(1, width) - 1))
+            line[s: s + len(value)] = value
+            fields.append((f"R{r + 1}C{c + 1}", value, f"What is in row {r + 1}, column {c + 1}?", "table-cell"))
+        rows.append("".join(line).rstrip())
+    return rows, fields
+
+
+LAYOUTS = {"receipt": receipt, "form": form, "table": table}
+
+
+def make_page(rng, n_fields, layout=None):
+    """A page: 12 text rows (placed with a random top offset) and its fields."""
+    layout = layout or rng.choice(list(LAYOUTS))
+    rows, fields = LAYOUTS[layout](rng, n_fields)
+    rows = rows[:GRID]
+    kept = {f for f in fields if any(f[1] and f[1] in r for r in rows)}
+    fields = [f for f in fields if f in kept]
+    top = rng.randint(0, GRID - len(rows))
+    page = [""] * top + rows + [""] * (GRID - top - len(rows))
+    return [r.ljust(GRID)[:GRID] for r in page], fields, layout
+
+
+def render(page, rng):
+    """RGB uint8 image (IMAGE_SIZE^2 x 3): one glyph per cell, random paper/ink colours, pixel noise."""
+    idx = np.array([[CHAR_INDEX[ch] for ch in row] for row in page])
+    ox, oy = rng.randint(1, 2), rng.randint(0, 1)
+    cells = np.zeros((GRID, GRID, CELL, CELL), np.float32)
+    cells[:, :, oy: oy + 7, ox: ox + 5] = ATLAS[idx]
+    ink = cells.transpose(0, 2, 1, 3).reshape(IMAGE_SIZE, IMAGE_SIZE)
+    paper = np.array([rng.randint(190, 255) for _ in range(3)], np.float32)
+    color = np.array([rng.randint(0, 90) for _ in range(3)], np.float32)
+    img = paper + ink[..., None] * (color - paper)
+    if rng.random() < 0.3:  # shaded bands on alternate rows
+        band = np.repeat((np.arange(GRID) % 2 == 1).astype(np.float32), CELL)[:, None, None]
+        img -= band * (1.0 - ink[..., None]) * rng.randint(10, 35)
+    noise = np.random.default_rng(rng.getrandbits(63)).integers(-16, 17, img.shape)
+    return np.clip(np.rint(img) + noise, 0, 255).astype(np.uint8)
+
+
+def transcript(page):
+    return "\n".join(r.rstrip() for r in page if r.strip())
+
+
+# --- items --------------------------------------------------------------------------------------------------
+def item(seed, task, n_fields=None):
+    """One sample: dict(pages=[page...], images=[array...], question, answer, type, context)."""
+    rng = random.Random(seed)
+    if task == "multi":
+        return multi_item(rng)
+    n = n_fields if n_fields is not None else rng.randint(4, 7)
+    page, fields, layout = make_page(rng, n)
+    image = render(page, rng)
+    lines = [(f"Read line {r + 1}.", row.strip()) for r, row in enumerate(page) if row.strip()]
+    pairs = {"read": [("Read all text.", transcript(page))], "row": lines, "qa": [(q, a) for _, a, q, _ in fields]}
+    types = {"read": "read-all", "row": "read-line"}
+    pick = rng.randrange(len(pairs[task]))
+    q, a = pairs[task][pick]
+    t = types.get(task) or fields[pick][3]
+    # `others`: the page's other questions of the same task (training asks several per image)
+    others = pairs[task][:pick] + pairs[task][pick + 1:]
+    return {"pages": [page], "images": [image], "question": q, "answer": a, "type": t, "context": "",
+            "others": others}
+
+
+def multi_item(rng):
+    """MileBench-style needle: 2-4 pages and distractor text; one page holds the only NEEDLE field."""
+    n_pages = rng.randint(2, 4)
+    needle_page = rng.randrange(n_pages)
+    label = rng.choice(NEEDLE_LABELS)
+    value = str(rng.randint(100, 10 ** (GRID - len(label) - 2) - 1))  # "LABEL: VALUE" fits on one line
+    pages, images = [], []
+    for p in range(n_pages):
+        page, _, _ = make_page(rng, rng.randint(3, 5), layout="form" if p == needle_page else None)
+        if p == needle_page:
+            slots = [i for i, r in enumerate(page) if not r.strip()] or [GRID - 1]
+            page[rng.choice(slots)] = (label + ": " + value).ljust(GRID)[:GRID]
+        pages.append(page)
+        images.append(render(page, rng))
+    context = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) + "."
+    return {"pages": pages, "images": images, "question": f"What is the {label}?", "answer": value,
+            "type": "multi-needle", "context": context, "others": []}
+
+
+# --- files --------------------------------------------------------------------------------------------------
+def png_bytes(img):
+    h, w, _ = img.shape
+    raw = b"".join(b"\x00" + img[y].tobytes() for y in range(h))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+def write_atomic(path, data):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_set(out, seed, count, task, n_fields=None):
+    os.makedirs(os.path.join(out, "images"), exist_ok=True)
+    lines = []
+    for i in range(count):
+        s = seed + i
+        it = item(s, task, n_fields)
+        names = []
+        for k, img in enumerate(it["images"]):
+            name = f"images/{task}-{s}" + (f"-{k}" if len(it["images"]) > 1 else "") + ".png"
+            write_atomic(os.path.join(out, name), png_bytes(img))
+            names.append(name)
+        rec = {"id": f"{task}-{s}", "image": names, "question": it["question"], "answers": [it["answer"]],
+               "type": it["type"]}
+        if it["context"]:
+            rec["context"] = it["context"]
+        lines.append(json.dumps(rec))
+        if (i + 1) % 100 == 0 or i + 1 == count:
+            print(f"\r{i + 1}/{count} items", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    write_atomic(os.path.join(out, "items.jsonl"), ("\n".join(lines) + "\n").encode())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, required=True, help="first item's seed (held-out: < 1,000,000)")
+    ap.add_argument("--count", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--task", choices=["qa", "read", "row", "multi"], default="qa")
+    ap.add_argument("--fields", type=int, default=None, help="fields per page (default 4-7)")
+    a = ap.parse_args()
+    if a.seed < 0 or a.count <= 0:
+        ap.error("--seed must be >= 0 and --count > 0")
+    write_set(a.out, a.seed, a.count, a.task, a.fields)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Train the tiny VLM on generated documents (CPU, seeded, resumable).
+
+  python3 vlm/train.py --run vlm/runs/main --steps 6000
+
+Checkpoints go to RUN/ckpt.pt (atomically, every --save-every steps and on SIGTERM/SIGINT); rerunning the same
+command resumes from there, with the same data order, so a run killed at any point continues where it was.
+RUN/log.csv holds the learning curve (loss; exact match of greedy answers on held-out items).
+
+Curriculum, by step: pages start with 1-2 fields and grow to 4-7; the task mix starts with dense supervision
+(transcribe the page, read line n) and shifts to questions about one field; multi-image needle items join
+halfway. Training items use seeds >= 1,000,000 only (gen_docs.FIRST_TRAIN_SEED).
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_docs  # noqa: E402
+from model import BOS, EOS, Config, TinyVLM, decode, encode, vocab  # noqa: E402
+
+EVAL_SEED = 990_000  # held-out items watched during training (inside the evaluation range)
+
+
+# --- batches -----------------------------------------------------------------------------------------------------
+def prompt_tokens(n_images, n_patches, context, question):
+    """Ids of the prompt as `ecokv eval`/`ecokv run` build it: BOS, then per image its slot and "\n", then the
+    context, "\n", the question. Returns (ids, image slot starts)."""
+    ids, slots = [BOS], []
+    for _ in range(n_images):
+        slots.append(len(ids))
+        ids += [0] * n_patches + encode("\n")
+    ids += encode(context + "\n" + question)
+    return ids, slots
+
+
+def make_batch(items, n_patches, max_questions=1):
+    """Token/target tensors. With max_questions > 1 an item asks up to that many of its questions in a row
+    (answer, EOS, "\n", next question, ...): more supervised answers per image for the same compute."""
+    seqs, labels, slots, images = [], [], [], []
+    for row, it in enumerate(items):
+        ids, starts = prompt_tokens(len(it["images"]), n_patches, it["context"], it["question"])
+        seq, lab = list(ids), [-100] * (len(ids) - 1)
+        extra = it["others"][: max_questions - 1]
+        for k, (q, a) in enumerate([(it["question"], it["answer"])] + extra):
+            if k:
+                question = encode("\n" + q)
+                seq += question
+                lab += [-100] * len(question)
+            answer = encode(a) + [EOS]
+            seq += answer
+            lab += answer
+        lab.append(-100)
+        seqs.append(seq)
+        labels.append(lab)
+        slots += [(row, s) for s in starts]
+        images += it["images"]
+    t = max(map(len, seqs))
+    tokens = torch.tensor([s + [EOS] * (t - len(s)) for s in seqs])
+    target = torch.tensor([lab + [-100] * (t - len(lab)) for lab in labels])
+    return tokens, target, torch.from_numpy(np.stack(images)), slots
+
+
+def curriculum(step, rng):
+    """(task, n_fields) for one training item at this step."""
+    hi = min(7, 2 + step // 200)
+    n = rng.randint(1, hi) if rng.random() < 0.3 else rng.randint(max(1, hi - 3), hi)
+    ramp = min(1.0, step / 3000)
+    p_read, p_row = 0.4 - 0.2 * ramp, 0.25 - 0.15 * ramp
+    p_multi = 0.08 if step >= 2500 else 0.0
+    u = rng.random()
+    if u < p_multi:
+        return "multi", None
+    if u < p_multi + p_read:
+        return "read", n
+    if u < p_multi + p_read + p_row:
+        return "row", n
+    return "qa", n
+
+
+def train_items(base_seed, step, batch):
+    rng = random.Random(base_seed * 1_000_003 + step)
+    out = []
+    for _ in range(batch):
+        task, n = curriculum(step, rng)
+        seed = rng.randrange(gen_docs.FIRST_TRAIN_SEED, 2**31)
+        it = gen_docs.item(seed, task, n)
+        rng.shuffle(it["others"])
+        out.append(it)
+    return out
+
+
+# --- greedy answers (for the learning curve) ---------------------------------------------------------------------
+@torch.no_grad()
+def greedy(model, items, max_new=16):
+    c = model.c
+    n_patches = (c.image_size // c.patch_size) ** 2
+    seqs, slots, images = [], [], []
+    for row, it in enumerate(items):
+        ids, starts = prompt_tokens(len(it["images"]), n_patches, it["context"], it["question"])
+        seqs.append(ids)
+        slots += [(row, s) for s in starts]
+        images += it["images"]
+    feats = model.vision(torch.from_numpy(np.stack(images)))
+    done = [False] * len(items)
+    outs = [[] for _ in items]
+    for _ in range(max_new):
+        t = max(map(len, seqs))
+        tokens = torch.tensor([s + [EOS] * (t - len(s)) for s in seqs])
+        x = model.tok(tokens)
+        for i, (row, start) in enumerate(slots):
+            x[row, start: start + n_patches] = feats[i]
+        logits = model(x)
+        for r, s in enumerate(seqs):
+            if done[r]:
+                continue
+            nxt = int(logits[r, len(s) - 1].argmax())
+            if nxt == EOS:
+                done[r] = True
+            else:
+                outs[r].append(nxt)
+                s.append(nxt)
+        if all(done):
+            break
+    return [decode(o) for o in outs]
+
+
+def evaluate(model, items):
+    model.eval()
+    answers = []
+    for i in range(0, len(items), 32):
+        answers += greedy(model, items[i: i + 32])
+    model.train()
+    return sum(a == it["answer"] for a, it in zip(answers, items)) / len(items)
+
+
+# --- checkpoints -------------------------------------------------------------------------------------------------
+def save(path, model, opt, step, seconds, args):
+    tmp = path + ".tmp"
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": seconds,
+                "config": model.c.to_dict(), "args": vars(args)}, tmp)
+    os.replace(tmp, path)
+
+
+def lr_at(step, args):
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    p = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="run directory (checkpoint, log)")
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--questions", type=int, default=4, help="questions asked per training image")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save-every", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--eval-items", type=int, default=128)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.run, exist_ok=True)
+    ckpt_path = os.path.join(args.run, "ckpt.pt")
+    config = Config(n_vocab=len(vocab()[0]))
+    torch.manual_seed(args.seed)
+    model = TinyVLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    step, seconds0 = 0, 0.0
+    if os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, seconds0 = ck["step"], ck["seconds"]
+        print(f"resumed at step {step}", file=sys.stderr)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{n_params / 1e6:.2f} M parameters; config {json.dumps(config.to_dict())}", file=sys.stderr)
+
+    held_out = [gen_docs.item(EVAL_SEED + i, "qa") for i in range(args.eval_items)]
+    log_path = os.path.join(args.run, "log.csv")
+    new_log = not os.path.exists(log_path)
+    log = open(log_path, "a", newline="")
+    writer = csv.writer(log)
+    if new_log:
+        writer.writerow(["step", "seconds", "loss", "lr", "eval_exact"])
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    n_patches = (config.image_size // config.patch_size) ** 2
+    t_start, losses = time.time(), []
+    while step < args.steps and not stop:
+        tokens, target, images, slots = make_batch(train_items(args.seed, step, args.batch), n_patches,
+                                                  args.questions)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args)
+        logits = model(model.embed(tokens[:, :-1], images, slots))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target[:, 1:].reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        losses.append(loss.item())
+        if step % 10 == 0:
+            el = time.time() - t_start
+            per = el / len(losses)
+            print(f"step {step}/{args.steps} loss {np.mean(losses[-10:]):.4f} {per:.2f} s/step "
+                  f"ETA {(args.steps - step) * per / 60:.0f} min", file=sys.stderr, flush=True)
+        if step % args.eval_every == 0 or step == args.steps:
+            em = evaluate(model, held_out)
+            writer.writerow([step, f"{seconds0 + time.time() - t_start:.0f}", f"{np.mean(losses[-50:]):.4f}",
+                             f"{lr_at(step, args):.2e}", f"{em:.4f}"])
+            log.flush()
+            print(f"step {step}: held-out exact match {em:.3f}", file=sys.stderr, flush=True)
+        if step % args.save_every == 0 or stop:
+            save(ckpt_path, model, opt, step, seconds0 + time.time() - t_start, args)
+    save(ckpt_path, model, opt, step, seconds0 + time.time() - t_start, args)
+    print(f"saved step {step} to {ckpt_path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
