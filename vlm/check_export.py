@@ -44,7 +44,7 @@ def torch_kv(model, image, text):
     c = model.c
     n_patches = (c.image_size // c.patch_size) ** 2
     ids = [BOS] + [0] * n_patches + encode("\n" + text)
-    x = model.embed(torch.tensor([ids]), torch.from_numpy(image[None]), [(0, 1)])
+    x = model.embed(torch.tensor([ids]), model.vision(torch.from_numpy(image[None])), [(0, 1)])
     t, hd = x.shape[1], c.n_embd // c.n_head
     cos, sin = rope_tables(t, hd, c.rope_base)
     mask = torch.full((t, t), float("-inf")).triu(1)

@@ -235,6 +235,9 @@ def write_atomic(path, data):
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
     os.replace(tmp, path)
 
 

@@ -212,19 +212,21 @@ class TinyVLM(nn.Module):
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
 
-    def embed(self, tokens, images, image_slots):
-        """Token embeddings with each image's projected patches written over its slot of placeholder tokens.
-
-        tokens (B, T); images (N, H, W, 3) uint8; image_slots: list of (batch row, first position) per image.
-        """
+    def embed(self, tokens, feats, image_slots):
+        """Token embeddings with each image's projected patches (feats: vision() output, one row per image)
+        written over its slot of placeholder tokens; image_slots: (batch row, first position) per image."""
         x = self.tok(tokens)
-        if images is not None and len(image_slots):
-            feats = self.vision(images)
+        if feats is not None and len(image_slots):
             n = feats.shape[1]
             x = x.clone()
             for i, (row, start) in enumerate(image_slots):
                 x[row, start: start + n] = feats[i]
         return x
+
+    def glyph_logits(self, feats):
+        """Training-only readout: each image token scored against the text embeddings of the characters, so that
+        a patch showing "7" lands near the embedding of the token "7" (not exported; llama.cpp never runs it)."""
+        return feats @ self.tok.weight.t()
 
     def forward(self, x):
         """x: input embeddings (B, T, n_embd) at positions 0..T-1 -> logits (B, T, n_vocab)."""
