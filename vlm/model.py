@@ -200,6 +200,8 @@ class TinyVLM(nn.Module):
         self.layers = nn.ModuleList(Layer(c) for _ in range(c.n_layer))
         self.norm = RMSNorm(c.n_embd, c.rms_eps)
         self.out = nn.Linear(c.n_embd, c.n_vocab, bias=False)
+        n_grid = c.image_size // c.patch_size
+        self.where = nn.Linear(c.n_embd, 2 * n_grid)  # training-only probe: row and column of a patch
         self.apply(self._init)
         for name, p in self.named_parameters():  # GPT-2 style: scale residual projections by depth
             if name.endswith(("wo.weight", "down.weight", ".o.weight")):
@@ -227,6 +229,12 @@ class TinyVLM(nn.Module):
         """Training-only readout: each image token scored against the text embeddings of the characters, so that
         a patch showing "7" lands near the embedding of the token "7" (not exported; llama.cpp never runs it)."""
         return feats @ self.tok.weight.t()
+
+    def where_logits(self, feats):
+        """Training-only probe (not exported): row and column logits of each image token, so that the features
+        the text model attends to say where a character is as well as what it is."""
+        n = self.c.image_size // self.c.patch_size
+        return self.where(feats).view(*feats.shape[:-1], 2, n)
 
     def forward(self, x):
         """x: input embeddings (B, T, n_embd) at positions 0..T-1 -> logits (B, T, n_vocab)."""

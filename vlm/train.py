@@ -225,7 +225,11 @@ def main():
         logits = model(model.embed(tokens[:, :-1], feats, slots))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target[:, 1:].reshape(-1), ignore_index=-100)
         glyph = F.cross_entropy(model.glyph_logits(feats).reshape(-1, logits.shape[-1]), glyphs.reshape(-1))
-        total = loss + args.glyph_weight * glyph
+        where = model.where_logits(feats)  # (images, patches, 2, grid) against each patch's (row, column)
+        n_grid = where.shape[-1]
+        rc = torch.stack((torch.arange(n_patches) // n_grid, torch.arange(n_patches) % n_grid), -1)
+        where_loss = F.cross_entropy(where.reshape(-1, n_grid), rc.expand(where.shape[0], -1, -1).reshape(-1))
+        total = loss + args.glyph_weight * (glyph + where_loss)
         opt.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
