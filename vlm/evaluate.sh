@@ -4,6 +4,7 @@
 # transcription (character accuracy) and the multi-image needle variant.
 #
 #   bash vlm/evaluate.sh [PREFIX] [OUT]      (defaults: models/tiny-vlm, vlm/runs/eval)
+#   LIMIT=20 bash vlm/evaluate.sh ...        (only the first 20 items of each set: a quick check)
 #
 # Held-out seeds (disjoint from training, which uses >= 1,000,000): QA 0..499, transcription 100000..100099,
 # multi-image 200000..200099. Results: OUT/<set>-<mode>/ (JSONL records, report.md/csv/json).
@@ -27,7 +28,7 @@ run() {  # set mode n_predict [extra options]
     shift 3
     echo "== $set, $mode" >&2
     "$ecokv" eval --model "$prefix.gguf" --mmproj "$prefix-mmproj.gguf" --dataset generated --data "$out/data/$set" \
-        --methods "$methods" --budgets "$budgets" --window 8 --mode "$mode" -n "$n" "$@" --out "$out/$set-$mode"
+        --methods "$methods" --budgets "$budgets" --window 8 --mode "$mode" -n "$n" --limit "${LIMIT:-0}" "$@" --out "$out/$set-$mode"
     "$ecokv" report "$out/$set-$mode" >/dev/null
 }
 
