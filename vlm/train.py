@@ -110,7 +110,10 @@ def make_batch(items, n_patches, max_questions=1):
         images += it["images"]
     t = max(map(len, seqs))
     tokens = torch.tensor([s + [EOS] * (t - len(s)) for s in seqs])
+    # target[:, i] is what position i must predict: tokens[:, i + 1] on answers, -100 elsewhere.
     target = torch.tensor([lab + [-100] * (t - len(lab)) for lab in labels])
+    supervised = target[:, :-1] != -100
+    assert torch.equal(target[:, :-1][supervised], tokens[:, 1:][supervised]), "targets out of step"
     return tokens, target, torch.from_numpy(np.stack(images)), slots, torch.tensor(glyphs), torch.tensor(pointers)
 
 
@@ -259,7 +262,7 @@ def main():
             g["lr"] = lr_at(step, args)
         feats = model.vision(images)
         logits, probs = model(model.embed(tokens[:, :-1], feats, slots), probe_layer=args.pointer_layer)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target[:, 1:].reshape(-1), ignore_index=-100)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target[:, :-1].reshape(-1), ignore_index=-100)
         glyph = F.cross_entropy(model.glyph_logits(feats).reshape(-1, logits.shape[-1]), glyphs.reshape(-1))
         where = model.where_logits(feats)  # (images, patches, 2, grid) against each patch's (row, column)
         n_grid = where.shape[-1]
