@@ -35,16 +35,20 @@ def f32(t):
 def write(gguf, path, arch, kv, tensors):
     """kv: list of (method name, key or None, value); tensors: list of (name, array)."""
     tmp = path + ".tmp"
-    w = gguf.GGUFWriter(tmp, arch)
-    for method, key, value in kv:
-        getattr(w, method)(*([key] if key else []), value)
-    for name, array in tensors:
-        w.add_tensor(name, array)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, path)
+    try:
+        w = gguf.GGUFWriter(tmp, arch)
+        for method, key, value in kv:
+            getattr(w, method)(*([key] if key else []), value)
+        for name, array in tensors:
+            w.add_tensor(name, array)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):  # failed or interrupted: leave nothing half-written
+            os.remove(tmp)
 
 
 def text_model(sd, c, name):
