@@ -130,6 +130,8 @@ def main():
     ap.add_argument("--name", default="ecokv tiny-vlm")
     a = ap.parse_args()
     gguf = load_gguf_py(a.gguf_py)
+    if not os.path.isfile(a.checkpoint):
+        sys.exit(f"export: {a.checkpoint}: no such checkpoint")
     ck = torch.load(a.checkpoint, map_location="cpu")
     c = Config(**ck["config"])
     sd = ck["model"]
