@@ -5,8 +5,11 @@ post-RoPE keys and values as the PyTorch model computes, layer by layer, on held
   python3 vlm/check_export.py vlm/runs/main/ckpt.pt models/tiny-vlm [--ecokv build/bin/ecokv]
 
 This covers the whole path: PNG decoding and normalisation in mtmd, the ViT, the projector, the placement of
-the image embeddings, the tokenizer, RMSNorm, RoPE and GQA. Exit status 1 when an error exceeds --tol (the
-cache is F16, so errors of a few 1e-4 relative to the largest value are rounding).
+the image embeddings, the tokenizer, RMSNorm, RoPE and GQA. The measure is the relative RMS error of each layer's
+keys and values, ||cached - torch|| / ||torch||: the cache is F16 (2^-11 relative rounding, about 3e-4 RMS) and the
+two float32 forward passes drift apart slightly through the layers, so a faithful export stays below 1e-3, while a
+wrong RoPE, normalisation or weight layout gives errors of order 1. The largest single-element error relative to
+the largest value is printed too. Exit status 1 when the worst relative RMS error exceeds --tol.
 """
 
 import argparse
@@ -64,13 +67,13 @@ def main():
     ap.add_argument("prefix", help="export prefix (PREFIX.gguf, PREFIX-mmproj.gguf)")
     ap.add_argument("--ecokv", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "ecokv"))
     ap.add_argument("--items", type=int, default=3)
-    ap.add_argument("--tol", type=float, default=3e-3)
+    ap.add_argument("--tol", type=float, default=2e-3, help="largest relative RMS error accepted")
     a = ap.parse_args()
     ck = torch.load(a.checkpoint, map_location="cpu")
     model = TinyVLM(Config(**ck["config"]))
     model.load_state_dict(ck["model"])
     model.eval()
-    worst = 0.0
+    worst, worst_max = 0.0, 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(a.items):
             it = gen_docs.item(seed, "qa")
@@ -89,10 +92,12 @@ def main():
                     cached = got[f"layers.{layer}.{name}"].astype(np.float32)
                     if cached.shape != ref.shape:
                         sys.exit(f"layer {layer} {name}: llama.cpp shape {cached.shape}, torch {ref.shape}")
-                    err = float(np.abs(cached - ref).max() / np.abs(ref).max())
-                    worst = max(worst, err)
-                    print(f"item {seed} layer {layer} {name}: max error / max |value| = {err:.2e}")
-    print(f"worst {worst:.2e} (tolerance {a.tol:.0e})")
+                    rms = float(np.linalg.norm(cached - ref) / np.linalg.norm(ref))
+                    err_max = float(np.abs(cached - ref).max() / np.abs(ref).max())
+                    worst, worst_max = max(worst, rms), max(worst_max, err_max)
+                    print(f"item {seed} layer {layer} {name}: relative RMS error {rms:.2e}, "
+                          f"max error / max |value| {err_max:.2e}")
+    print(f"worst relative RMS error {worst:.2e} (tolerance {a.tol:.0e}); worst max error / max |value| {worst_max:.2e}")
     sys.exit(0 if worst <= a.tol else 1)
 
 

@@ -21,6 +21,10 @@ using ecokv::error;
 namespace el = ecokv::llama;
 using namespace ecokv::tools;
 
+// The bundled default model, from the source tree this binary was built from (models/tiny-vlm.md).
+const std::string k_bundled_model  = ECOKV_MODELS_DIR "/tiny-vlm.gguf";
+const std::string k_bundled_mmproj = ECOKV_MODELS_DIR "/tiny-vlm-mmproj.gguf";
+
 std::string read_text(const std::string & path) {
     std::ifstream in(path);
     if (!in) {
@@ -38,7 +42,8 @@ int ecokv_run(int argc, char ** argv) {
         cxxopts::Options options("ecokv run", "Prefill, compress the KV cache, decode from the compressed cache.");
         // clang-format off
         options.add_options()
-            ("model", "GGUF model", cxxopts::value<std::string>())
+            ("model", "GGUF model (default: the bundled tiny VLM, models/tiny-vlm.gguf, with its mmproj)",
+                cxxopts::value<std::string>())
             ("mmproj", "multimodal projector GGUF (libmtmd)", cxxopts::value<std::string>())
             ("image", "image file for the prompt (repeatable; placed where the prompt has <__media__>, else first)",
                 cxxopts::value<std::vector<std::string>>())
@@ -62,7 +67,7 @@ int ecokv_run(int argc, char ** argv) {
             return 0;
         }
         ecokv::tools::reject_positional(args);
-        ecokv::tools::require(args, { "model", "method" });
+        ecokv::tools::require(args, { "method" });
         if (args.count("prompt") + args.count("file") > 1 ||
             (args.count("prompt") + args.count("file") == 0 && args.count("image") == 0)) {
             throw error("give the prompt with exactly one of -p/--prompt and -f/--file (or only --image)");
@@ -83,13 +88,19 @@ int ecokv_run(int argc, char ** argv) {
         }
         set_llama_verbose(args.count("verbose") > 0);
         const int32_t   n_threads = args["threads"].as<int32_t>();
-        const model_ptr model     = load_model(args["model"].as<std::string>());
+        // Without --model: the bundled tiny VLM and its projector (models/tiny-vlm.md).
+        const bool        bundled     = args.count("model") == 0;
+        const std::string model_path  = bundled ? k_bundled_model : args["model"].as<std::string>();
+        const std::string mmproj_path = args.count("mmproj") ? args["mmproj"].as<std::string>()
+                                        : bundled            ? k_bundled_mmproj
+                                                             : "";
+        const model_ptr model = load_model(model_path);
 
         // The prompt: the whole chat prompt, or the context part in question mode. Images go where the text has
         // the media marker, or before the text.
         const std::vector<std::string> images =
             args.count("image") ? args["image"].as<std::vector<std::string>>() : std::vector<std::string>{};
-        if (images.empty() != (args.count("mmproj") == 0)) {
+        if (images.empty() ? args.count("mmproj") > 0 : mmproj_path.empty()) {
             throw error("--image needs --mmproj and --mmproj needs at least one --image");
         }
         const std::string text = with_media_markers(args.count("prompt") ? args["prompt"].as<std::string>()
@@ -106,7 +117,7 @@ int ecokv_run(int argc, char ** argv) {
         }
 
         const projector_ptr projector =
-            images.empty() ? nullptr : load_projector(args["mmproj"].as<std::string>(), model.get(), n_threads);
+            images.empty() ? nullptr : load_projector(mmproj_path, model.get(), n_threads);
         const prompt  prompt(model.get(), projector.get(), parts.context, images);
         const int32_t n_cells = prompt.n_cells();
         const int32_t n_extra = n_predict + n_question_max;
