@@ -146,6 +146,38 @@ def train_items(base_seed, step, batch):
     return out
 
 
+def batch_losses(model, items, n_patches, max_questions, pointer_layer):
+    """The four training losses of a batch, each a mean over all its terms (answer tokens, patches, pointed
+    characters). Items are run in groups of the same image count: padding single-page items to the length of a
+    4-page needle item made steps 3-4x slower; the means are those of the whole batch."""
+    sums, counts = [0.0] * 4, [0] * 4
+    for n_images in sorted({len(it["images"]) for it in items}):
+        group = [it for it in items if len(it["images"]) == n_images]
+        tokens, target, images, slots, glyphs, pointers = make_batch(group, n_patches, max_questions)
+        feats = model.vision(images)
+        logits, probs = model(model.embed(tokens[:, :-1], feats, slots), probe_layer=pointer_layer)
+        target = target[:, :-1].reshape(-1)
+        sums[0] = sums[0] + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, ignore_index=-100,
+                                            reduction="sum")
+        counts[0] += int((target != -100).sum())
+        sums[1] = sums[1] + F.cross_entropy(model.glyph_logits(feats).reshape(-1, logits.shape[-1]),
+                                            glyphs.reshape(-1), reduction="sum")
+        counts[1] += glyphs.numel()
+        where = model.where_logits(feats)  # (images, patches, 2, grid) against each patch's (row, column)
+        n_grid = where.shape[-1]
+        rc = torch.stack((torch.arange(n_patches) // n_grid, torch.arange(n_patches) % n_grid), -1)
+        sums[2] = sums[2] + F.cross_entropy(where.reshape(-1, n_grid), rc.expand(where.shape[0], -1, -1).reshape(-1),
+                                            reduction="sum")
+        counts[2] += rc.numel() * where.shape[0]
+        # Pointer supervision: one head, at the position that predicts an answer character, should attend to
+        # the image token showing that character.
+        if len(pointers):
+            p = probs[pointers[:, 0], 0, pointers[:, 1], pointers[:, 2]]
+            sums[3] = sums[3] - torch.log(p + 1e-6).sum()
+            counts[3] += len(pointers)
+    return [s / max(1, n) for s, n in zip(sums, counts)]
+
+
 # --- greedy answers (for the learning curve) ---------------------------------------------------------------------
 @torch.no_grad()
 def greedy(model, items, max_new=16):
@@ -256,22 +288,10 @@ def main():
     n_patches = (config.image_size // config.patch_size) ** 2
     t_start, losses, glyph_losses, pointer_losses = time.time(), [], [], []
     while step < args.steps and not stop:
-        tokens, target, images, slots, glyphs, pointers = make_batch(train_items(args.seed, step, args.batch),
-                                                                    n_patches, args.questions)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args)
-        feats = model.vision(images)
-        logits, probs = model(model.embed(tokens[:, :-1], feats, slots), probe_layer=args.pointer_layer)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target[:, :-1].reshape(-1), ignore_index=-100)
-        glyph = F.cross_entropy(model.glyph_logits(feats).reshape(-1, logits.shape[-1]), glyphs.reshape(-1))
-        where = model.where_logits(feats)  # (images, patches, 2, grid) against each patch's (row, column)
-        n_grid = where.shape[-1]
-        rc = torch.stack((torch.arange(n_patches) // n_grid, torch.arange(n_patches) % n_grid), -1)
-        where_loss = F.cross_entropy(where.reshape(-1, n_grid), rc.expand(where.shape[0], -1, -1).reshape(-1))
-        # Pointer supervision: one head, at the position that predicts an answer character, should attend to the
-        # image token showing that character.
-        p = probs[pointers[:, 0], 0, pointers[:, 1], pointers[:, 2]]
-        pointer = -torch.log(p + 1e-6).mean()
+        loss, glyph, where_loss, pointer = batch_losses(model, train_items(args.seed, step, args.batch), n_patches,
+                                                        args.questions, args.pointer_layer)
         total = loss + args.glyph_weight * (glyph + where_loss) + args.pointer_weight * pointer
         opt.zero_grad(set_to_none=True)
         total.backward()
