@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what ecokv needs on Debian 12 (apt-get), fetches the pinned llama.cpp 0.5.0 (npm package
 # node-llama-cpp@3.22.1, see scripts/fetch-llama.sh), builds everything, and runs the main job on the bundled
-# default: stories260K prefills a 410-token story, SnapKV + ECOKV compresses its KV cache to 64 entries per
-# head, and the answer is decoded from the smaller cache and compared with the full cache.
+# default: the tiny VLM (models/tiny-vlm.md) prefills a receipt image, SnapKV + ECOKV compresses its KV cache to
+# 64 entries per head, then the question is asked and answered from the smaller cache and compared with the
+# full cache.
 #   scripts/setup.sh [--no-demo] [--training]
 # --training also installs what vlm/train.py needs (PyTorch with OpenBLAS, matplotlib); CI does not train.
 set -euo pipefail
@@ -33,6 +34,7 @@ cmake --build build -j"$(nproc)"
 
 [[ " $* " == *" --no-demo "* ]] && exit 0
 
-echo "== main job: stories260K, a 410-token story, KV cache compressed to 64 entries per head with snapkv+ecokv"
-build/bin/ecokv run --model models/stories260K.gguf -f data/prompts/story.txt --method snapkv+ecokv --budget 64 \
-    -n 48 --compare-full
+echo "== main job: the bundled tiny VLM reads a receipt; its KV cache is compressed to 64 entries per head with"
+echo "   snapkv+ecokv before the question is asked"
+build/bin/ecokv run --image models/tiny-vlm-sample.png --question "What is the TOTAL?" --method snapkv+ecokv \
+    --budget 64 --compare-full

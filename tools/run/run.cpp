@@ -152,6 +152,7 @@ int ecokv_run(int argc, char ** argv) {
         }
         const el::compressed_cache cc = el::compress_context(model.get(), *state, spec, params, n_extra, cparams);
         const uint64_t     kv_full    = el::kv_bytes_allocated(ctx.get(), state->kv_bytes_per_cell());
+        const uint64_t     kv_prompt  = uint64_t(n_prompt) * state->kv_bytes_per_cell();
         const std::string  model_desc = state->view().model;
         state.reset();
         const std::vector<uint8_t> full_state = args.count("compare-full") ? save_state(ctx.get()) : std::vector<uint8_t>{};
@@ -163,6 +164,7 @@ int ecokv_run(int argc, char ** argv) {
             { "model", model_desc },              { "method", cc.sel.method },     { "budget", params.budget },
             { "window", cc.sel.window },          { "prompt_tokens", n_prompt },   { "image_tokens", pr.n_media },
             { "kv_bytes_full", kv_full },         { "kv_bytes_compressed", cc.kv_bytes_alloc },
+            { "kv_bytes_prompt", kv_prompt },
             { "kv_bytes_kept", cc.kv_bytes_kept }, { "cells_per_head", cc.n_cells }, { "prefill_s", prefill_s },
             { "compress_s", cc.select_seconds + cc.rebuild_seconds },
         };
@@ -228,12 +230,19 @@ int ecokv_run(int argc, char ** argv) {
                 std::printf("Q: %s\n", a["question"].get<std::string>().c_str());
             }
             std::printf("%s\n", a["text"].get<std::string>().c_str());
+            if (a.contains("full_text") && a.contains("question")) {  // short answers: show both
+                std::printf("(full cache: %s)\n", a["full_text"].get<std::string>().c_str());
+            }
         }
         const double mib = 1048576.0;
         std::printf("\nmethod    %s (budget %d, window %d)\n", cc.sel.method.c_str(), params.budget, cc.sel.window);
         std::printf("prompt    %d tokens (text %d, image %d)\n", n_prompt, n_prompt - pr.n_media, pr.n_media);
-        std::printf("kv cache  full %.3f MiB -> compressed %.3f MiB allocated (%d cells per head, %.3f MiB of kept entries)\n",
-                    kv_full / mib, cc.kv_bytes_alloc / mib, cc.n_cells, cc.kv_bytes_kept / mib);
+        // Entries are what a method keeps; llama.cpp allocates contexts in multiples of 256 cells, so for short
+        // prompts the allocated sizes hide the saving.
+        std::printf("kv cache  prompt entries %.3f MiB -> kept %.3f MiB (%.0f%% saved)\n", kv_prompt / mib,
+                    cc.kv_bytes_kept / mib, 100.0 * (1.0 - double(cc.kv_bytes_kept) / double(std::max<uint64_t>(1, kv_prompt))));
+        std::printf("allocated full %.3f MiB -> compressed %.3f MiB (%d cells per head; contexts are multiples of 256 cells)\n",
+                    kv_full / mib, cc.kv_bytes_alloc / mib, cc.n_cells);
         std::printf("time      prefill %.3f s, compress %.4f s (select %.4f, rebuild %.4f), decode %.3f s (%.1f tok/s)\n",
                     prefill_s, cc.select_seconds + cc.rebuild_seconds, cc.select_seconds, cc.rebuild_seconds,
                     decode_s, out["decode_tokens_per_s"].get<double>());
