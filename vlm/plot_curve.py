@@ -34,7 +34,7 @@ def main():
     lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     ax.legend(lines, [l.get_label() for l in lines], loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3,
               fontsize=8, frameon=False)
-    ax.set_title("tiny VLM: learning curve (128 held-out items, 4-7 fields)")
+    ax.set_title("tiny VLM: learning curve (128 held-out items, 4-9 fields)")
     fig.tight_layout()
     tmp = sys.argv[2] + ".tmp.png"
     fig.savefig(tmp, dpi=110)
