@@ -2,7 +2,7 @@
 """Synthetic document images and questions for the tiny VLM (receipts, forms, tables; a multi-image variant).
 
 Every item is a pure function of its seed: item i of `--seed S` uses seed S + i, so the same seed gives the
-same bytes. Seed ranges (see models/tiny-vlm.md):
+same bytes. Seed ranges (see vlm/README.md):
   0 ..   999,999   held-out evaluation (vlm/eval sets, tests, the sample in models/)
   1,000,000 and up training (vlm/train.py draws only from there)
 
