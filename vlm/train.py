@@ -150,7 +150,7 @@ def batch_losses(model, items, n_patches, max_questions, pointer_layer):
     """The four training losses of a batch, each a mean over all its terms (answer tokens, patches, pointed
     characters). Items are run in groups of the same image count: padding single-page items to the length of a
     4-page needle item made steps 3-4x slower; the means are those of the whole batch."""
-    sums, counts = [0.0] * 4, [0] * 4
+    sums, counts = [torch.zeros(()) for _ in range(4)], [0] * 4  # tensors even when a batch has no pointers
     for n_images in sorted({len(it["images"]) for it in items}):
         group = [it for it in items if len(it["images"]) == n_images]
         tokens, target, images, slots, glyphs, pointers = make_batch(group, n_patches, max_questions)

@@ -35,8 +35,8 @@ json run_json(const temp_dir & dir, std::vector<std::string> args) {
 }
 
 // The model answers about 95% of held-out items exactly (models/tiny-vlm.md); it misses qa-3 ("24" read as
-// "4"), so 7 of the 8 is its level. A broken load path (tokenizer, projector, image placement, RoPE) answers
-// none.
+// "4"), so 7 of the 8 is its level. Exact answers of 1-6 characters are near impossible by chance, so a broken
+// load path (tokenizer, projector, image placement, RoPE) fails this.
 TEST(tiny_vlm, answers_held_out_items_with_the_full_cache) {
     temp_dir                dir;
     const std::vector<json> items = held_out_items();

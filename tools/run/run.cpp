@@ -94,6 +94,9 @@ int ecokv_run(int argc, char ** argv) {
         const std::string mmproj_path = args.count("mmproj") ? args["mmproj"].as<std::string>()
                                         : bundled            ? k_bundled_mmproj
                                                              : "";
+        if (bundled && !std::filesystem::exists(k_bundled_model)) {  // e.g. an installed binary, source tree gone
+            throw error("no --model given and the bundled default " + k_bundled_model + " is missing");
+        }
         const model_ptr model = load_model(model_path);
 
         // The prompt: the whole chat prompt, or the context part in question mode. Images go where the text has
