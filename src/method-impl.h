@@ -19,6 +19,12 @@ enum stat_flags : unsigned {
     stat_accum_attention  = 1u << 1,  // H2O accumulated attention (SPEC §3.4); needs full queries
 };
 
+// Capture fields beyond keys, values and window queries that a method reads.
+enum input_flags : unsigned {
+    input_modality    = 1u << 0,  // capture_view::modality
+    input_head_scores = 1u << 1,  // method_params::head_scores
+};
+
 struct head_stats {
     std::vector<float> attn_raw;    // [n_prefix] a0: window attention, mean over window queries and group
     std::vector<float> attn_accum;  // [n_prefix] accumulated causal attention
@@ -81,7 +87,9 @@ struct allocator_entry {
     const char * name;
     const char * description;
     const char * default_scorer;
-    unsigned     needs;  // stat_flags
+    unsigned     needs;         // stat_flags
+    unsigned     inputs;        // input_flags
+    bool         fixed_budget;  // every (layer, KV head) keeps min(T, B) tokens whatever the capture (SPEC §2)
     allocator_ptr (*make)();
 };
 

@@ -4,6 +4,7 @@
 #include "impl.h"
 #include "method-impl.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ecokv {
@@ -47,6 +48,22 @@ int32_t method_window(const method_spec & spec, const method_params & params) {
     return params.window >= 0 ? params.window : find_scorer(spec.scorer).default_window;
 }
 
+method_requirements & method_requirements::operator|=(const method_requirements & other) {
+    n_window_queries = std::max(n_window_queries, other.n_window_queries);
+    full_queries     = full_queries || other.full_queries;
+    modality         = modality || other.modality;
+    head_scores      = head_scores || other.head_scores;
+    return *this;
+}
+
+method_requirements requirements(const method_spec & spec, const method_params & params) {
+    const scorer_entry &    s     = find_scorer(spec.scorer);
+    const allocator_entry & a     = find_allocator(spec.allocator);
+    const unsigned          needs = s.needs | a.needs;
+    return { method_window(spec, params), (needs & stat_accum_attention) != 0, (a.inputs & input_modality) != 0,
+             (a.inputs & input_head_scores) != 0 };
+}
+
 void method_params::validate(int32_t n_window) const {
     if (n_window < 1) {
         ECOKV_THROW("--window %d must be at least 1", n_window);
@@ -86,7 +103,8 @@ std::vector<method_info> list_methods() {
         out.push_back({ e.name, "scorer", e.description, "window " + std::to_string(e.default_window) });
     }
     for (const allocator_entry & e : allocator_registry()) {
-        out.push_back({ e.name, "allocator", e.description, std::string("scorer ") + e.default_scorer });
+        out.push_back(
+            { e.name, "allocator", e.description, std::string("scorer ") + e.default_scorer, e.fixed_budget });
     }
     return out;
 }

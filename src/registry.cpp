@@ -34,7 +34,11 @@ namespace {
 
 constexpr unsigned k_attn  = stat_window_attention;
 constexpr unsigned k_accum = stat_accum_attention;
+constexpr unsigned k_mod   = input_modality;
+constexpr unsigned k_hs    = input_head_scores;
 
+// Columns: name, description, default window N, stat_flags, factory.
+// clang-format off
 const scorer_entry k_scorers[] = {
     { "snapkv",       "pooled window attention (SnapKV, arXiv:2404.14469)",                      32, k_attn,  scorers::make_snapkv },
     { "knorm",        "attention + low key norm (KNorm, arXiv:2406.11430; MixKV form)",          32, k_attn,  scorers::make_knorm },
@@ -48,15 +52,20 @@ const scorer_entry k_scorers[] = {
     { "streamingllm", "4 attention sinks + the most recent tokens (StreamingLLM, arXiv:2309.17453)", 4, 0,    scorers::make_streamingllm },
     { "random",       "uniform random scores (--seed)",                                          32, 0,       scorers::make_random },
 };
+// clang-format on
 
+// Columns: name, description, default scorer, stat_flags, input_flags, fixed_budget (every head keeps min(T, B)),
+// factory.
+// clang-format off
 const allocator_entry k_allocators[] = {
-    { "uniform",   "the same budget B for every layer and KV head",                          "snapkv", 0,      allocators::make_uniform },
-    { "pyramidkv", "layer budgets falling linearly with depth (PyramidKV, arXiv:2406.02069)", "snapkv", 0,      allocators::make_pyramidkv },
-    { "adakv",     "head budgets from attention concentration (AdaKV, arXiv:2407.11550)",     "snapkv", k_attn, allocators::make_adakv },
-    { "sparsemm",  "static head budgets from visual-head scores (SparseMM, arXiv:2506.05344)", "snapkv", 0,     allocators::make_sparsemm },
-    { "madakv",    "modality split per head + cross-layer compensation (MadaKV, ACL 2025)",   "snapkv", k_attn, allocators::make_madakv },
-    { "lookm",     "text tokens before image tokens, optional pivot merge (LOOK-M, arXiv:2406.18139)", "h2o", 0, allocators::make_lookm },
+    { "uniform",   "the same budget B for every layer and KV head",                                    "snapkv", 0,      0,     true,  allocators::make_uniform },
+    { "pyramidkv", "layer budgets falling linearly with depth (PyramidKV, arXiv:2406.02069)",          "snapkv", 0,      0,     false, allocators::make_pyramidkv },
+    { "adakv",     "head budgets from attention concentration (AdaKV, arXiv:2407.11550)",              "snapkv", k_attn, 0,     false, allocators::make_adakv },
+    { "sparsemm",  "static head budgets from visual-head scores (SparseMM, arXiv:2506.05344)",         "snapkv", 0,      k_hs,  false, allocators::make_sparsemm },
+    { "madakv",    "modality split per head + cross-layer compensation (MadaKV, ACL 2025)",            "snapkv", k_attn, k_mod, false, allocators::make_madakv },
+    { "lookm",     "text tokens before image tokens, optional pivot merge (LOOK-M, arXiv:2406.18139)", "h2o",    0,      k_mod, true,  allocators::make_lookm },
 };
+// clang-format on
 
 template <typename Entry> std::string names(std::span<const Entry> entries) {
     std::string out;

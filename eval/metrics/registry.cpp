@@ -14,6 +14,7 @@ struct metric_entry {
 };
 
 // One line per metric. The same table drives `ecokv metric --list`, --help and the tests.
+// Columns: { name, description, needs_type, whole_output, corpus_only } (ecokv/metrics.h), scoring function.
 const std::vector<metric_entry> & registry() {
     static const std::vector<metric_entry> entries = {
         { { "exact", "exact match after strip() and lower(), max over the answers", false }, detail::score_exact },
@@ -24,9 +25,9 @@ const std::vector<metric_entry> & registry() {
           detail::score_vqa },
         { { "anls", "DocVQA ANLS, threshold 0.5 (official infographicsvqa_eval.py)", false }, detail::score_anls },
         { { "chars", "transcription character accuracy: 1 - Levenshtein over code points / answer length, min 0",
-            false },
+            false, true },
           detail::score_chars },
-        { { "cider", "TextCaps CIDEr-D (pycocoevalcap Cider on PTB tokens, corpus idf, x10)", false },
+        { { "cider", "TextCaps CIDEr-D (pycocoevalcap Cider on PTB tokens, corpus idf, x10)", false, false, true },
           detail::score_cider },
         { { "rougel", "ROUGE-L F (pycocoevalcap Rouge, beta 1.2, on PTB tokens)", false }, detail::score_rougel },
         { { "ocrbench", "OCRBench accuracy: answer contained in the prediction, HME without spaces; by type", true },

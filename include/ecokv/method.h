@@ -50,11 +50,26 @@ method_spec parse_method(std::string_view text);
 // The observation window a method uses: params.window when set, otherwise the scorer's default.
 int32_t method_window(const method_spec & spec, const method_params & params);
 
+// What a method needs from a capture and from its caller, read from the registry (never from its name), so that
+// an engine adapter captures exactly enough and a new method is one file and one registry row.
+struct method_requirements {
+    int32_t n_window_queries = 0;      // post-RoPE queries of the last prompt tokens the capture must hold
+    bool    full_queries     = false;  // queries of every prompt token (accumulated attention: h2o, lookm)
+    bool    modality         = false;  // reads the per-token modality map (madakv, lookm)
+    bool    head_scores      = false;  // reads params.head_scores (sparsemm)
+
+    // The union of two methods' needs (one capture serving several methods).
+    method_requirements & operator|=(const method_requirements & other);
+};
+method_requirements requirements(const method_spec & spec, const method_params & params);
+
 struct method_info {
     std::string name;
-    std::string kind;         // "scorer" or "allocator"
-    std::string description;  // one line, with the paper's arXiv id
-    std::string defaults;     // default window / scorer, in words
+    std::string kind;                  // "scorer" or "allocator"
+    std::string description;           // one line, with the paper's arXiv id
+    std::string defaults;              // default window / scorer, in words
+    bool        fixed_budget = false;  // allocators: every (layer, KV head) keeps exactly min(T, B) tokens, T the
+                                       // prompt length (uniform, lookm); false for scorers
 };
 
 // Every registered scorer and allocator, in registry order.

@@ -3,14 +3,19 @@
 #include "ecokv/error.h"
 
 #include <cstdio>
+#include <sstream>
 
 namespace ecokv::tools {
 
-void add_method_options(cxxopts::Options & options) {
+void add_method_options(cxxopts::Options & options, const char * default_method) {
     const method_params d;
+    auto                method = cxxopts::value<std::string>();
+    if (default_method != nullptr) {
+        method->default_value(default_method);
+    }
     // clang-format off
     options.add_options("method")
-        ("m,method", "ALLOCATOR+SCORER, a scorer or an allocator (see --list-methods)", cxxopts::value<std::string>())
+        ("m,method", "ALLOCATOR+SCORER, a scorer or an allocator (see --list-methods)", method)
         ("b,budget", "tokens kept per KV head, window included", cxxopts::value<int32_t>()->default_value(std::to_string(d.budget)))
         ("window", "observation window N (default: the scorer's)", cxxopts::value<int32_t>())
         ("kernel", "pooling kernel (odd)", cxxopts::value<int32_t>()->default_value(std::to_string(d.kernel)))
@@ -71,6 +76,17 @@ method_params method_params_from(const cxxopts::ParseResult & args) {
     }
     p.merge = merge == "pivot" ? merge_kind::pivot : merge_kind::none;
     return p;
+}
+
+std::vector<std::string> split_list(const std::string & s) {
+    std::vector<std::string> out;
+    std::stringstream        in(s);
+    for (std::string part; std::getline(in, part, ',');) {
+        if (!part.empty()) {
+            out.push_back(part);
+        }
+    }
+    return out;
 }
 
 void require(const cxxopts::ParseResult & args, std::initializer_list<const char *> names) {

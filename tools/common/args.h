@@ -7,12 +7,16 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ecokv::tools {
 
 // --method, --budget, --window, --kernel, --pool, --alpha, --beta, --tau, --centroid, --floor-ratio,
-// --pyramid-beta, --theta, --sinks, --head-scores, --seed, --merge.
-void add_method_options(cxxopts::Options & options);
+// --pyramid-beta, --theta, --sinks, --head-scores, --seed, --merge. --method has no default unless one is given.
+void add_method_options(cxxopts::Options & options, const char * default_method = nullptr);
+
+// "a,b,,c" -> {"a", "b", "c"}
+std::vector<std::string> split_list(const std::string & s);
 
 // Reads the flags of add_method_options into parameters (validated later, with the method's window).
 method_params method_params_from(const cxxopts::ParseResult & args);

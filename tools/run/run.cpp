@@ -1,33 +1,41 @@
 // ecokv run: prefill a prompt in llama.cpp, compress the KV cache with any method, decode from the smaller
-// cache, and report memory, time and (with --compare-full) agreement with the full cache.
+// cache, and report memory, time and (with --compare-full) agreement with the full cache. Without options it runs
+// the README's main job on the bundled tiny VLM.
 #include "common/args.h"
-#include "common/session.h"
+#include "common/bundled.h"
 #include "ecokv/capture.h"
 #include "ecokv/error.h"
-#include "ecokv/llama-adapter.h"
-#include "ecokv/llama-generate.h"
+#include "ecokv/llama-session.h"
 
 #include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace {
 
 using ecokv::error;
+using json   = nlohmann::json;
 namespace el = ecokv::llama;
-using namespace ecokv::tools;
 
-// The bundled default model, from the source tree this binary was built from (models/tiny-vlm.md).
-const std::string k_bundled_model  = ECOKV_MODELS_DIR "/tiny-vlm.gguf";
-const std::string k_bundled_mmproj = ECOKV_MODELS_DIR "/tiny-vlm-mmproj.gguf";
+struct run_options {
+    el::session_options      session;
+    std::string              text;  // the prompt, or the context in question mode, with media markers
+    std::vector<std::string> images, questions;
+    ecokv::method_spec       spec;
+    ecokv::method_params     params;
+    int32_t                  n_predict    = 32;
+    bool                     compare_full = false;
+    bool                     json         = false;
+    std::string              dump_capture;
+};
 
 std::string read_text(const std::string & path) {
     std::ifstream in(path);
-    if (!in) {
+    if (!in || std::filesystem::is_directory(path)) {
         throw error(path + ": cannot open prompt file");
     }
     std::stringstream s;
@@ -35,223 +43,234 @@ std::string read_text(const std::string & path) {
     return s.str();
 }
 
+template <typename T> std::vector<T> values(const cxxopts::ParseResult & args, const char * name) {
+    return args.count(name) ? args[name].as<std::vector<T>>() : std::vector<T>{};
+}
+
+// The README's main job, when no option at all is given: the bundled receipt, its question, the full cache too.
+void main_job_defaults(run_options & o, const std::string & models) {
+    o.images       = { models + "/tiny-vlm-sample.png" };
+    o.questions    = { "What is the TOTAL?" };
+    o.compare_full = true;
+}
+
+// Fills o from the options; returns false after printing --help.
+bool parse(int argc, char ** argv, run_options & o) {
+    cxxopts::Options options("ecokv run", "Prefill, compress the KV cache, decode from the compressed cache. Without "
+                                          "options: the README's main job on the bundled tiny VLM.");
+    // clang-format off
+    options.add_options()
+        ("model", "GGUF model (default: the bundled tiny VLM, tiny-vlm.gguf, with its mmproj)", cxxopts::value<std::string>())
+        ("mmproj", "multimodal projector GGUF (libmtmd)", cxxopts::value<std::string>())
+        ("image", "image file for the prompt (repeatable; placed where the prompt has <__media__>, else first)",
+            cxxopts::value<std::vector<std::string>>())
+        ("p,prompt", "prompt text (the context in question mode; may be left out with --image)", cxxopts::value<std::string>())
+        ("f,file", "read the prompt from a file", cxxopts::value<std::string>())
+        ("question", "question-agnostic mode: compress after the prompt, then answer each question (repeatable)",
+            cxxopts::value<std::vector<std::string>>())
+        ("n,n-predict", "tokens to generate", cxxopts::value<int32_t>()->default_value("32"))
+        ("compare-full", "also decode with the full cache: greedy agreement and mean KL")
+        ("dump-capture", "write the prefill capture (SPEC §7) to this file", cxxopts::value<std::string>())
+        ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
+        ("json", "print one JSON object")
+        ("verbose", "show llama.cpp's log")
+        ("h,help", "show this help");
+    // clang-format on
+    ecokv::tools::add_method_options(options, "snapkv+ecokv");
+    const auto args = options.parse(argc, argv);
+    if (args.count("help")) {
+        std::printf("%s\n", options.help({ "", "method" }).c_str());
+        return false;
+    }
+    ecokv::tools::reject_positional(args);
+    const bool        bundled = args.count("model") == 0;
+    const std::string models  = ecokv::tools::bundled_models_dir();
+    o.images                  = values<std::string>(args, "image");
+    o.questions               = values<std::string>(args, "question");
+    if (bundled && args.count("prompt") + args.count("file") + o.images.size() + o.questions.size() == 0) {
+        main_job_defaults(o, models);
+    } else if (args.count("prompt") + args.count("file") > 1 ||
+               (args.count("prompt") + args.count("file") == 0 && o.images.empty())) {
+        throw error("give the prompt with exactly one of -p/--prompt and -f/--file (or only --image)");
+    }
+    o.spec   = ecokv::parse_method(args["method"].as<std::string>());
+    o.params = ecokv::tools::method_params_from(args);
+    o.params.validate(ecokv::method_window(o.spec, o.params));
+    o.n_predict = args["n-predict"].as<int32_t>();
+    if (o.n_predict < 1 || o.n_predict > 1000000) {
+        throw error("-n " + std::to_string(o.n_predict) + " must lie in [1, 1000000]");
+    }
+    for (const std::string & q : o.questions) {
+        if (q.empty()) {
+            throw error("--question must not be empty");
+        }
+    }
+    o.compare_full = o.compare_full || args.count("compare-full") > 0;
+    o.json         = args.count("json") > 0;
+    o.dump_capture = args.count("dump-capture") ? args["dump-capture"].as<std::string>() : "";
+    el::set_verbose(args.count("verbose") > 0);
+
+    // Without --model: the bundled tiny VLM and its projector (models/tiny-vlm.md).
+    o.session.model_path = bundled ? models + "/tiny-vlm.gguf" : args["model"].as<std::string>();
+    if (bundled && !std::filesystem::exists(o.session.model_path)) {  // e.g. an installed binary, data not installed
+        throw error("no --model given and the bundled default " + o.session.model_path +
+                    " is missing (set ECOKV_MODELS_DIR)");
+    }
+    const std::string mmproj = args.count("mmproj") ? args["mmproj"].as<std::string>()
+                               : bundled            ? models + "/tiny-vlm-mmproj.gguf"
+                                                    : "";
+    if (o.images.empty() ? args.count("mmproj") > 0 : mmproj.empty()) {
+        throw error("--image needs --mmproj and --mmproj needs at least one --image");
+    }
+    o.session.mmproj_path = o.images.empty() ? "" : mmproj;
+    o.session.n_threads   = args["threads"].as<int32_t>();
+    o.text = el::with_media_markers(args.count("prompt") ? args["prompt"].as<std::string>()
+                                    : args.count("file") ? read_text(args["file"].as<std::string>())
+                                                         : std::string(),
+                                    o.images.size());
+    return true;
+}
+
+// One answer from the compressed cache (restored to its state after compression), and with --compare-full the
+// full cache's answer and the compressed cache's fidelity to it.
+json answer(const el::session & s, el::sequence & comp, const el::snapshot & comp_origin, el::sequence * full,
+            const el::snapshot * full_origin, const std::vector<llama_token> & question, int32_t n_predict,
+            double & decode_s, int64_t & n_decoded) {
+    comp.restore(comp_origin);
+    const el::generation gen = comp.answer(question, n_predict);
+    decode_s += gen.seconds;
+    n_decoded += int64_t(gen.tokens.size());
+    json a = { { "text", s.detokenize(gen.tokens) } };
+    if (full != nullptr) {
+        if (full_origin != nullptr) {
+            full->restore(*full_origin);
+        }
+        const el::reference ref = { full->answer(question, n_predict, true), {} };
+        comp.restore(comp_origin);
+        const el::fidelity_report f = comp.fidelity(question, ref);
+        a["full_text"]              = s.detokenize(ref.answer.tokens);
+        a["agreement"]              = f.n ? json(f.agreement) : json(nullptr);
+        a["mean_kl"]                = f.n ? json(f.mean_kl) : json(nullptr);
+        a["compared"]               = f.n;
+    }
+    return a;
+}
+
+json run(const run_options & o) {
+    const el::session   s(o.session);
+    const el::prompt_parts parts = o.questions.empty() ? el::prompt_parts{ s.chat_prompt(o.text), "" }
+                                                       : s.split_prompt(o.text);
+    std::vector<std::vector<llama_token>> questions;
+    int32_t                               n_question_max = 0;
+    for (const std::string & q : o.questions) {
+        questions.push_back(s.tokenize(q + parts.question_suffix, false));
+        n_question_max = std::max(n_question_max, int32_t(questions.back().size()));
+    }
+    if (questions.empty()) {
+        questions.emplace_back();  // one answer to the prompt itself
+    }
+    const int32_t n_extra = o.n_predict + n_question_max;
+
+    // The prefill's host copy of the cache lives only until the compressed cache exists; the full context itself
+    // only when --compare-full needs it.
+    std::optional<el::sequence> full(s.prefill(s.make_prompt(parts.context, o.images), n_extra,
+                                               ecokv::requirements(o.spec, o.params)));
+    if (!o.dump_capture.empty()) {
+        ecokv::write_capture(o.dump_capture, full->capture());
+    }
+    el::sequence   comp    = full->compress(o.spec, o.params, n_extra);
+    const auto &   ci      = comp.compression();
+    json           out     = {
+        { "model", s.description() },           { "method", ci.sel.method },
+        { "budget", o.params.budget },          { "window", ci.sel.window },
+        { "prompt_tokens", full->n_prompt() },  { "image_tokens", full->n_media() },
+        { "kv_bytes_full", full->kv_bytes_allocated() },  { "kv_bytes_compressed", comp.kv_bytes_allocated() },
+        { "kv_bytes_prompt", full->kv_bytes_kept() },     { "kv_bytes_kept", comp.kv_bytes_kept() },
+        { "cells_per_head", comp.n_cells() },   { "prefill_s", full->prefill_seconds() },
+        { "compress_s", ci.select_seconds + ci.rebuild_seconds },
+        { "select_s", ci.select_seconds },      { "rebuild_s", ci.rebuild_seconds },
+    };
+    full->release_capture();
+    if (!o.compare_full) {
+        full.reset();
+    }
+    const el::snapshot                comp_origin = comp.save();
+    const std::optional<el::snapshot> full_origin =
+        full && questions.size() > 1 ? std::optional<el::snapshot>(full->save()) : std::nullopt;
+
+    json    answers  = json::array();
+    double  decode_s = 0, agreement = 0, mean_kl = 0;
+    int64_t n_decoded = 0, n_compared = 0;
+    for (size_t qi = 0; qi < questions.size(); ++qi) {
+        json a = answer(s, comp, comp_origin, full ? &*full : nullptr, qi > 0 && full_origin ? &*full_origin : nullptr,
+                        questions[qi], o.n_predict, decode_s, n_decoded);
+        if (a.contains("compared")) {
+            const int32_t n = a["compared"];
+            agreement += n ? a["agreement"].get<double>() * n : 0.0;
+            mean_kl += n ? a["mean_kl"].get<double>() * n : 0.0;
+            n_compared += n;
+            a.erase("compared");
+        }
+        if (!o.questions.empty()) {
+            a["question"] = o.questions[qi];
+        }
+        answers.push_back(a);
+    }
+    out["text"]                = answers[0]["text"];
+    out["answers"]             = answers;
+    out["decode_s"]            = decode_s;
+    out["decode_tokens_per_s"] = decode_s > 0 ? double(n_decoded) / decode_s : 0.0;
+    out["agreement"]           = n_compared ? json(agreement / double(n_compared)) : json(nullptr);
+    out["mean_kl"]             = n_compared ? json(mean_kl / double(n_compared)) : json(nullptr);
+    out["compared_tokens"]     = n_compared;
+    return out;
+}
+
+void print_text(const json & out) {
+    for (const auto & a : out["answers"]) {
+        if (a.contains("question")) {
+            std::printf("Q: %s\n", a["question"].get<std::string>().c_str());
+        }
+        std::printf("%s\n", a["text"].get<std::string>().c_str());
+        if (a.contains("full_text") && a.contains("question")) {  // short answers: show both
+            std::printf("(full cache: %s)\n", a["full_text"].get<std::string>().c_str());
+        }
+    }
+    const double   mib       = 1048576.0;
+    const int32_t  n_prompt  = out["prompt_tokens"], n_media = out["image_tokens"];
+    const uint64_t kv_prompt = out["kv_bytes_prompt"], kv_kept = out["kv_bytes_kept"];
+    std::printf("\nmethod    %s (budget %d, window %d)\n", out["method"].get<std::string>().c_str(),
+                out["budget"].get<int>(), out["window"].get<int>());
+    std::printf("prompt    %d tokens (text %d, image %d)\n", n_prompt, n_prompt - n_media, n_media);
+    // Entries are what a method keeps; llama.cpp allocates contexts in multiples of 256 cells, so for short
+    // prompts the allocated sizes hide the saving.
+    std::printf("kv cache  prompt entries %.3f MiB -> kept %.3f MiB (%.0f%% saved)\n", kv_prompt / mib, kv_kept / mib,
+                100.0 * (1.0 - double(kv_kept) / double(std::max<uint64_t>(1, kv_prompt))));
+    std::printf("allocated full %.3f MiB -> compressed %.3f MiB (%d cells per head; contexts are multiples of 256 cells)\n",
+                out["kv_bytes_full"].get<uint64_t>() / mib, out["kv_bytes_compressed"].get<uint64_t>() / mib,
+                out["cells_per_head"].get<int>());
+    std::printf("time      prefill %.3f s, compress %.4f s (select %.4f, rebuild %.4f), decode %.3f s (%.1f tok/s)\n",
+                out["prefill_s"].get<double>(), out["compress_s"].get<double>(), out["select_s"].get<double>(),
+                out["rebuild_s"].get<double>(), out["decode_s"].get<double>(), out["decode_tokens_per_s"].get<double>());
+    if (out["compared_tokens"].get<int64_t>() > 0) {
+        std::printf("vs full   agreement %.3f over %lld tokens, mean KL %.4f\n", out["agreement"].get<double>(),
+                    (long long) out["compared_tokens"].get<int64_t>(), out["mean_kl"].get<double>());
+    }
+}
+
 }  // namespace
 
 int ecokv_run(int argc, char ** argv) {
     return ecokv::tools::run_command("run", [&] {
-        cxxopts::Options options("ecokv run", "Prefill, compress the KV cache, decode from the compressed cache.");
-        // clang-format off
-        options.add_options()
-            ("model", "GGUF model (default: the bundled tiny VLM, models/tiny-vlm.gguf, with its mmproj)",
-                cxxopts::value<std::string>())
-            ("mmproj", "multimodal projector GGUF (libmtmd)", cxxopts::value<std::string>())
-            ("image", "image file for the prompt (repeatable; placed where the prompt has <__media__>, else first)",
-                cxxopts::value<std::vector<std::string>>())
-            ("p,prompt", "prompt text (the context in question mode; may be left out with --image)",
-                cxxopts::value<std::string>())
-            ("f,file", "read the prompt from a file", cxxopts::value<std::string>())
-            ("question", "question-agnostic mode: compress after the prompt, then answer each question (repeatable)",
-                cxxopts::value<std::vector<std::string>>())
-            ("n,n-predict", "tokens to generate", cxxopts::value<int32_t>()->default_value("32"))
-            ("compare-full", "also decode with the full cache: greedy agreement and mean KL")
-            ("dump-capture", "write the prefill capture (SPEC §7) to this file", cxxopts::value<std::string>())
-            ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
-            ("json", "print one JSON object")
-            ("verbose", "show llama.cpp's log")
-            ("h,help", "show this help");
-        // clang-format on
-        ecokv::tools::add_method_options(options);
-        const auto args = options.parse(argc, argv);
-        if (args.count("help")) {
-            std::printf("%s\n", options.help({ "", "method" }).c_str());
+        run_options o;
+        if (!parse(argc, argv, o)) {
             return 0;
         }
-        ecokv::tools::reject_positional(args);
-        ecokv::tools::require(args, { "method" });
-        if (args.count("prompt") + args.count("file") > 1 ||
-            (args.count("prompt") + args.count("file") == 0 && args.count("image") == 0)) {
-            throw error("give the prompt with exactly one of -p/--prompt and -f/--file (or only --image)");
-        }
-        const ecokv::method_spec spec       = ecokv::parse_method(args["method"].as<std::string>());
-        ecokv::method_params     params     = ecokv::tools::method_params_from(args);
-        params.validate(ecokv::method_window(spec, params));
-        const int32_t n_predict = args["n-predict"].as<int32_t>();
-        if (n_predict < 1 || n_predict > 1000000) {
-            throw error("-n " + std::to_string(n_predict) + " must lie in [1, 1000000]");
-        }
-        const std::vector<std::string> questions =
-            args.count("question") ? args["question"].as<std::vector<std::string>>() : std::vector<std::string>{};
-        for (const std::string & q : questions) {
-            if (q.empty()) {
-                throw error("--question must not be empty");
-            }
-        }
-        set_llama_verbose(args.count("verbose") > 0);
-        const int32_t   n_threads = args["threads"].as<int32_t>();
-        // Without --model: the bundled tiny VLM and its projector (models/tiny-vlm.md).
-        const bool        bundled     = args.count("model") == 0;
-        const std::string model_path  = bundled ? k_bundled_model : args["model"].as<std::string>();
-        const std::string mmproj_path = args.count("mmproj") ? args["mmproj"].as<std::string>()
-                                        : bundled            ? k_bundled_mmproj
-                                                             : "";
-        if (bundled && !std::filesystem::exists(k_bundled_model)) {  // e.g. an installed binary, source tree gone
-            throw error("no --model given and the bundled default " + k_bundled_model + " is missing");
-        }
-        const model_ptr model = load_model(model_path);
-
-        // The prompt: the whole chat prompt, or the context part in question mode. Images go where the text has
-        // the media marker, or before the text.
-        const std::vector<std::string> images =
-            args.count("image") ? args["image"].as<std::vector<std::string>>() : std::vector<std::string>{};
-        if (images.empty() ? args.count("mmproj") > 0 : mmproj_path.empty()) {
-            throw error("--image needs --mmproj and --mmproj needs at least one --image");
-        }
-        const std::string text = with_media_markers(args.count("prompt") ? args["prompt"].as<std::string>()
-                                                    : args.count("file") ? read_text(args["file"].as<std::string>())
-                                                                         : std::string(),
-                                                    images.size());
-        const prompt_parts parts = questions.empty() ? prompt_parts{ el::chat_prompt(model.get(), text), "" }
-                                                     : split_prompt(model.get(), text);
-        std::vector<std::vector<llama_token>> question_tokens;
-        int32_t                               n_question_max = 0;
-        for (const std::string & q : questions) {
-            question_tokens.push_back(el::tokenize(model.get(), q + parts.question_suffix, false));
-            n_question_max = std::max(n_question_max, int32_t(question_tokens.back().size()));
-        }
-
-        const projector_ptr projector =
-            images.empty() ? nullptr : load_projector(mmproj_path, model.get(), n_threads);
-        const prompt  prompt(model.get(), projector.get(), parts.context, images);
-        const int32_t n_cells = prompt.n_cells();
-        const int32_t n_extra = n_predict + n_question_max;
-        const int32_t n_train = llama_model_n_ctx_train(model.get());
-        if (int64_t(n_cells) + n_extra > n_train) {
-            throw error("prompt of " + std::to_string(n_cells) + " tokens plus " + std::to_string(n_extra) +
-                        " new ones exceeds the model's context of " + std::to_string(n_train));
-        }
-
-        // Prefill with the query capture attached.
-        const int32_t        window = ecokv::method_window(spec, params);
-        el::query_capture    capture(model.get(), std::max(32, window), spec.scorer == "h2o");
-        const llama_context_params cparams        = context_params(n_cells + n_extra, n_threads);
-        llama_context_params       prefill_params = cparams;
-        capture.attach(prefill_params);
-        el::context_ptr ctx(llama_init_from_model(model.get(), prefill_params));
-        if (!ctx) {
-            throw error("cannot create a context of " + std::to_string(cparams.n_ctx) + " cells");
-        }
-        const prefill_result pr           = prompt.prefill(ctx.get());
-        const double         prefill_s    = pr.seconds;
-        const int32_t        n_prompt     = pr.n_tokens;
-        const int32_t        n_past       = pr.n_past;
-        const auto &         first_logits = pr.first_logits;
-        capture.set_active(false);
-
-        // The prefill's state (a host copy of the full cache) lives only until the compressed cache exists; the
-        // full context itself only when --compare-full needs it.
-        auto state = std::make_unique<el::prefill_state>(ctx.get(), capture, pr.modality);
-        if (args.count("dump-capture")) {
-            ecokv::write_capture(args["dump-capture"].as<std::string>(), state->view());
-        }
-        const el::compressed_cache cc = el::compress_context(model.get(), *state, spec, params, n_extra, cparams);
-        const uint64_t     kv_full    = el::kv_bytes_allocated(ctx.get(), state->kv_bytes_per_cell());
-        const uint64_t     kv_prompt  = uint64_t(n_prompt) * state->kv_bytes_per_cell();
-        const std::string  model_desc = state->view().model;
-        state.reset();
-        const std::vector<uint8_t> full_state = args.count("compare-full") ? save_state(ctx.get()) : std::vector<uint8_t>{};
-        if (!args.count("compare-full")) {
-            ctx.reset();
-        }
-
-        nlohmann::json out = {
-            { "model", model_desc },              { "method", cc.sel.method },     { "budget", params.budget },
-            { "window", cc.sel.window },          { "prompt_tokens", n_prompt },   { "image_tokens", pr.n_media },
-            { "kv_bytes_full", kv_full },         { "kv_bytes_compressed", cc.kv_bytes_alloc },
-            { "kv_bytes_prompt", kv_prompt },
-            { "kv_bytes_kept", cc.kv_bytes_kept }, { "cells_per_head", cc.n_cells }, { "prefill_s", prefill_s },
-            { "compress_s", cc.select_seconds + cc.rebuild_seconds },
-        };
-        nlohmann::json             answers    = nlohmann::json::array();
-        double                     decode_s = 0, agreement = 0, mean_kl = 0;
-        int64_t                    n_decoded = 0, n_compared = 0;
-        const size_t               n_runs    = std::max<size_t>(1, questions.size());
-        for (size_t qi = 0; qi < n_runs; ++qi) {
-            std::vector<float> logits = first_logits;
-            llama_pos          pos    = n_past;
-            if (!questions.empty()) {
-                if (qi > 0) {
-                    restore_state(cc.ctx.get(), cc.state);
-                }
-                logits = el::decode(cc.ctx.get(), question_tokens[qi], pos);
-                pos += llama_pos(question_tokens[qi].size());
-            }
-            const el::generation gen = el::greedy(cc.ctx.get(), logits, pos, n_predict, false);
-            decode_s += gen.seconds;
-            n_decoded += int64_t(gen.tokens.size());
-            nlohmann::json answer = { { "text", el::detokenize(model.get(), gen.tokens) } };
-            if (!questions.empty()) {
-                answer["question"] = questions[qi];
-            }
-            if (args.count("compare-full")) {
-                std::vector<float> full_logits = first_logits;
-                if (!questions.empty()) {
-                    restore_state(ctx.get(), full_state);
-                    full_logits = el::decode(ctx.get(), question_tokens[qi], n_past);
-                }
-                const el::generation full = el::greedy(ctx.get(), full_logits, pos, n_predict, true);
-                restore_state(cc.ctx.get(), cc.state);
-                std::vector<float> first;
-                if (!questions.empty()) {
-                    first = el::decode(cc.ctx.get(), question_tokens[qi], n_past);
-                }
-                const el::fidelity c = el::compare_to_full(cc.ctx.get(), full, pos, questions.empty() ? nullptr : &first);
-                answer["full_text"] = el::detokenize(model.get(), full.tokens);
-                answer["agreement"] = c.n ? nlohmann::json(c.agreement) : nlohmann::json(nullptr);
-                answer["mean_kl"]   = c.n ? nlohmann::json(c.mean_kl) : nlohmann::json(nullptr);
-                agreement += c.agreement * c.n;
-                mean_kl += c.mean_kl * c.n;
-                n_compared += c.n;
-                if (!questions.empty() || qi + 1 < n_runs) {
-                    restore_state(ctx.get(), full_state);
-                }
-            }
-            answers.push_back(answer);
-        }
-        out["text"]              = answers[0]["text"];
-        out["answers"]           = answers;
-        out["decode_s"]          = decode_s;
-        out["decode_tokens_per_s"] = decode_s > 0 ? double(n_decoded) / decode_s : 0.0;
-        out["agreement"]         = n_compared ? nlohmann::json(agreement / n_compared) : nlohmann::json(nullptr);
-        out["mean_kl"]           = n_compared ? nlohmann::json(mean_kl / n_compared) : nlohmann::json(nullptr);
-
-        if (args.count("json")) {
+        const json out = run(o);
+        if (o.json) {
             std::printf("%s\n", out.dump().c_str());
-            return 0;
-        }
-        for (const auto & a : answers) {
-            if (a.contains("question")) {
-                std::printf("Q: %s\n", a["question"].get<std::string>().c_str());
-            }
-            std::printf("%s\n", a["text"].get<std::string>().c_str());
-            if (a.contains("full_text") && a.contains("question")) {  // short answers: show both
-                std::printf("(full cache: %s)\n", a["full_text"].get<std::string>().c_str());
-            }
-        }
-        const double mib = 1048576.0;
-        std::printf("\nmethod    %s (budget %d, window %d)\n", cc.sel.method.c_str(), params.budget, cc.sel.window);
-        std::printf("prompt    %d tokens (text %d, image %d)\n", n_prompt, n_prompt - pr.n_media, pr.n_media);
-        // Entries are what a method keeps; llama.cpp allocates contexts in multiples of 256 cells, so for short
-        // prompts the allocated sizes hide the saving.
-        std::printf("kv cache  prompt entries %.3f MiB -> kept %.3f MiB (%.0f%% saved)\n", kv_prompt / mib,
-                    cc.kv_bytes_kept / mib, 100.0 * (1.0 - double(cc.kv_bytes_kept) / double(std::max<uint64_t>(1, kv_prompt))));
-        std::printf("allocated full %.3f MiB -> compressed %.3f MiB (%d cells per head; contexts are multiples of 256 cells)\n",
-                    kv_full / mib, cc.kv_bytes_alloc / mib, cc.n_cells);
-        std::printf("time      prefill %.3f s, compress %.4f s (select %.4f, rebuild %.4f), decode %.3f s (%.1f tok/s)\n",
-                    prefill_s, cc.select_seconds + cc.rebuild_seconds, cc.select_seconds, cc.rebuild_seconds,
-                    decode_s, out["decode_tokens_per_s"].get<double>());
-        if (n_compared) {
-            std::printf("vs full   agreement %.3f over %lld tokens, mean KL %.4f\n", agreement / n_compared,
-                        (long long) n_compared, mean_kl / n_compared);
+        } else {
+            print_text(out);
         }
         return 0;
     });

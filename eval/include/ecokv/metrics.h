@@ -40,7 +40,9 @@ struct metric_result {
 struct metric_info {
     std::string name;
     std::string description;         // one line: benchmark and reference evaluator
-    bool        needs_type = false;  // every item must carry a non-empty `type`
+    bool        needs_type   = false;  // every item must carry a non-empty `type`
+    bool        whole_output = false;  // scores the whole generated text (transcriptions), not only its first line
+    bool        corpus_only  = false;  // no per-item score: only the corpus has one (CIDEr's document frequencies)
 };
 
 // Every registered metric, in registry order.
@@ -64,7 +66,8 @@ std::vector<metric_item> read_metric_items(const std::string & path, std::string
 std::string metric_result_json(const metric_result & result);
 
 // Per-item forms of the metrics, for tests and for callers that score one answer at a time. The corpus-level
-// scores above are their means (cider excepted: it is per image but its weights depend on the corpus).
+// scores above are their means (cider excepted, metric_info::corpus_only: it is per image but its weights
+// depend on the corpus).
 namespace metrics {
 
 // exact: 1 when some answer equals the prediction after strip() and lower(), else 0.

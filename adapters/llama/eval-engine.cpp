@@ -1,0 +1,73 @@
+// The llama.cpp engine of the evaluation runner: one prefill per item, the full cache's answer as the reference,
+// every compression from the same prefill, fidelity teacher-forced on the reference.
+#include "ecokv/llama-eval.h"
+
+#include <optional>
+
+namespace ecokv::llama {
+
+namespace {
+
+class llama_engine final : public eval_engine {
+  public:
+    explicit llama_engine(const session & s) : s_(s) {}
+
+    eval_prefill prefill(const eval_item & item, eval_mode mode, int32_t n_predict,
+                         const method_requirements & needs) override {
+        full_.reset();
+        const std::string context = with_media_markers(item.context, item.images.size());
+        prompt_parts      parts;
+        question_.clear();
+        if (mode == eval_mode::prompt) {
+            parts = { s_.chat_prompt(context.empty() ? item.question : context + "\n" + item.question), "" };
+        } else {
+            parts     = s_.split_prompt(context);
+            question_ = s_.tokenize(item.question + parts.question_suffix, false);
+        }
+        n_predict_ = n_predict;
+        n_extra_   = n_predict + int32_t(question_.size());
+        full_.emplace(s_.prefill(s_.make_prompt(parts.context, item.images), n_extra_, needs));
+        const eval_prefill pf = { full_->n_prompt(), full_->n_media(), full_->kv_bytes_allocated(),
+                                  full_->prefill_seconds() };
+        reference_ = full_->answer_reference(question_, n_predict);
+        return pf;
+    }
+
+    eval_answer answer_full() override {
+        eval_answer a;
+        a.output   = s_.detokenize(reference_.answer.tokens);
+        a.decode_s = reference_.answer.seconds;
+        a.kv_bytes = full_->kv_bytes_allocated();
+        return a;
+    }
+
+    eval_answer answer_compressed(const method_spec & spec, const method_params & params) override {
+        sequence        c      = full_->compress(spec, params, n_extra_, true);
+        const snapshot  origin = c.save();
+        const generation g     = c.answer(question_, n_predict_);
+        c.restore(origin);
+        const fidelity_report f = c.fidelity(question_, reference_);
+        eval_answer           a;
+        a.output         = s_.detokenize(g.tokens);
+        a.decode_s       = g.seconds;
+        a.compress_s     = c.compression().select_seconds + c.compression().rebuild_seconds;
+        a.kv_bytes       = c.kv_bytes_allocated();
+        a.agreement      = f.n ? std::optional<double>(f.agreement) : std::nullopt;
+        a.mean_kl        = f.n ? std::optional<double>(f.mean_kl) : std::nullopt;
+        a.attn_rel_error = f.attn_rel_error;
+        return a;
+    }
+
+  private:
+    const session &          s_;
+    std::optional<sequence>  full_;
+    std::vector<llama_token> question_;
+    reference                reference_;
+    int32_t                  n_predict_ = 0, n_extra_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<eval_engine> make_eval_engine(const session & s) { return std::make_unique<llama_engine>(s); }
+
+}  // namespace ecokv::llama

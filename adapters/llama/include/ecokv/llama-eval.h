@@ -1,0 +1,15 @@
+// ecokv-llama: the evaluation runner's engine (ecokv/eval-runner.h) on a llama.cpp session.
+#pragma once
+
+#include "ecokv/eval-runner.h"
+#include "ecokv/llama-session.h"
+
+#include <memory>
+
+namespace ecokv::llama {
+
+// An engine over `s` (which must outlive it): an item's prompt is its context and question through the chat
+// template; images come first unless the context places them.
+std::unique_ptr<eval_engine> make_eval_engine(const session & s);
+
+}  // namespace ecokv::llama

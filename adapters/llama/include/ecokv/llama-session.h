@@ -1,0 +1,212 @@
+// ecokv-llama: the one engine-facing object. A `session` owns a llama.cpp model (and its libmtmd projector) and
+// builds prompts; `session::prefill` gives a `sequence`, one conversation's KV cache in its own llama_context, which
+// compresses into a smaller `sequence`, decodes greedily, saves and restores `snapshot`s, and measures its fidelity
+// to the full cache. `ecokv run`, `ecokv eval`, bench-decode and the server are clients of this API only.
+//
+// Memory. A session holds the model weights and the projector. A sequence holds one context: its KV cache
+// (n_cells + n_extra cells, rounded up by llama.cpp to 256), llama.cpp's compute buffers and, for a prefilled
+// sequence, the captured queries (window rows per layer; every prompt token's with full_queries). capture() makes a
+// host copy of the cache the first time it is called (about the size of the cache itself), kept until
+// release_capture(); compress() needs it. A snapshot is a host copy of the sequence's state (kept cells only for
+// a compressed sequence).
+//
+// Errors. Everything a user can cause (missing or unreadable files, images the projector cannot take, prompts
+// longer than the model's context, contexts llama.cpp cannot allocate, bad method parameters) throws ecokv::error
+// with a message naming the file or the limit; nothing is left half-built.
+//
+// Threads. A session may be shared by threads: its const members are safe to call concurrently (image encoding is
+// serialized inside). A sequence belongs to one thread at a time; different sequences of one session may decode
+// concurrently. The session must outlive its sequences.
+#pragma once
+
+#include "ecokv/compress.h"
+#include "ecokv/llama-generate.h"
+
+#include <llama.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ecokv::llama {
+
+struct model_deleter {
+    void operator()(llama_model * m) const { llama_model_free(m); }
+};
+using model_ptr = std::unique_ptr<llama_model, model_deleter>;
+
+// llama.cpp's and mtmd's log below errors is silenced unless verbose (process-wide).
+void set_verbose(bool verbose);
+
+struct session_options {
+    std::string           model_path;               // GGUF model
+    std::string           mmproj_path;              // libmtmd projector GGUF, or empty for text only
+    int32_t               n_threads  = 0;           // 0: llama.cpp's default
+    int32_t               n_batch    = 2048;        // logical batch, capped at the context size
+    int32_t               n_ubatch   = 0;           // physical batch; 0: llama.cpp's default
+    llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;
+};
+
+// A chat prompt split where the question goes: `context` (template start + context text) is prefilled and
+// compressed; each question is followed by `question_suffix` (template end, assistant prefix).
+struct prompt_parts {
+    std::string context;
+    std::string question_suffix;
+};
+
+// `text` with one libmtmd media marker per image at its start, unless it already holds markers.
+std::string with_media_markers(std::string text, size_t n_images);
+
+// A tokenized prompt: text tokens, or libmtmd chunks when there are images. Made by a session; tied to it.
+class prompt {
+  public:
+    prompt(prompt &&) noexcept;
+    prompt & operator=(prompt &&) noexcept;
+    ~prompt();
+
+    int32_t                      n_cells() const;   // KV cells: text tokens + image embeddings
+    int32_t                      n_media() const;   // image/audio cells
+    const std::vector<uint8_t> & modality() const;  // per cell: 0 text, 1 image, 2 audio; empty for text
+
+  private:
+    friend class session;
+    struct impl;
+    explicit prompt(std::unique_ptr<impl> p);
+    std::unique_ptr<impl> impl_;
+};
+
+// The state of a sequence, self-contained: restore it into the same sequence, or resume it in a new one.
+struct snapshot {
+    std::vector<uint8_t> state;                // llama_state_seq_get_data of the sequence
+    std::vector<float>   bias;                 // per-head padding bias (non-uniform budgets), or empty
+    std::vector<float>   logits;               // distribution of the next token
+    bool                 own_logits     = true;  // false: computed on the full cache before compression
+    int32_t              n_cells        = 0;   // cells per head holding entries
+    llama_pos            n_past         = 0;   // next position
+    uint64_t             bytes_per_cell = 0;
+    uint64_t             kv_bytes_kept  = 0;
+
+    size_t bytes() const { return state.size() + (bias.size() + logits.size()) * sizeof(float); }
+};
+
+// The full cache's answer to one question, kept as the reference of every compressed cache: tokens, the
+// distribution each was picked from, and each step's per-layer attention output (the kqv_out probe).
+struct reference {
+    generation                                   answer;
+    std::vector<std::vector<std::vector<float>>> attention;  // [step][layer][n_head * head_dim_v]
+};
+
+// A compressed cache's fidelity to the full one, teacher-forced on the reference's tokens.
+struct fidelity_report {
+    double              agreement = 0;  // greedy agreement
+    double              mean_kl   = 0;  // mean KL(full || compressed) of the next-token distributions
+    int32_t             n         = 0;  // steps compared (0: nothing to compare; the figures are meaningless)
+    std::vector<double> attn_rel_error;  // per layer, mean ||o_c - o_f|| / ||o_f||; empty without a probe
+};
+
+// How a compressed sequence was made.
+struct compression_info {
+    selection sel;
+    double    select_seconds  = 0;
+    double    rebuild_seconds = 0;
+};
+
+class sequence;
+
+class session {
+  public:
+    // Loads the model (and projector). Throws ecokv::error naming the file.
+    explicit session(const session_options & options);
+    // Adopts a model built in memory (tests, benchmarks); text prompts only.
+    session(model_ptr model, const session_options & options);
+    // Borrows a model that outlives the session; text prompts only.
+    session(llama_model & model, const session_options & options);
+    ~session();
+    session(const session &)             = delete;
+    session & operator=(const session &) = delete;
+
+    const llama_model * model() const;
+    bool                has_projector() const;
+    std::string         description() const;  // llama_model_desc
+    int32_t             n_ctx_train() const;
+    const session_options & options() const;
+
+    std::vector<llama_token> tokenize(const std::string & text, bool add_special) const;
+    std::string              detokenize(const std::vector<llama_token> & tokens) const;
+    // The chat template applied to one user message with the assistant prefix (the text itself without a template).
+    std::string              chat_prompt(const std::string & user) const;
+    prompt_parts             split_prompt(const std::string & context) const;
+
+    // `text` (BOS added) with images (files) where it holds libmtmd's media markers, one per image
+    // (with_media_markers() puts them first).
+    prompt make_prompt(const std::string & text, const std::vector<std::string> & images = {}) const;
+    prompt make_prompt(std::vector<llama_token> tokens) const;
+
+    // Prefills `p` into a new sequence of p.n_cells() + n_extra cells, capturing the queries `needs` asks for (at
+    // least 32 window rows, SPEC §7; nothing when needs.n_window_queries is 0). Throws when the prompt and the new
+    // tokens exceed the model's training context.
+    sequence prefill(const prompt & p, int32_t n_extra, const method_requirements & needs) const;
+    // A new sequence holding `s`, with room for n_extra more tokens.
+    sequence resume(const snapshot & s, int32_t n_extra, bool probe = false) const;
+
+  private:
+    friend class sequence;
+    struct impl;
+    std::unique_ptr<impl> impl_;
+};
+
+class sequence {
+  public:
+    sequence(sequence &&) noexcept;
+    sequence & operator=(sequence &&) noexcept;
+    ~sequence();
+
+    int32_t   n_cells() const;  // cells per head holding entries (prompt or kept; padding included)
+    llama_pos n_past() const;   // next position (after an M-RoPE image, less than the cells)
+    const std::vector<float> & logits() const;  // distribution of the next token
+    uint64_t  kv_bytes_allocated() const;  // the context's cells x bytes per cell
+    uint64_t  kv_bytes_kept() const;       // entries held x bytes per entry (padding excluded)
+    uint64_t  kv_bytes_per_cell() const;   // K + V of one cell over all layers
+
+    // A prefilled sequence's prompt: cells, image cells, modality, prefill time.
+    int32_t                      n_prompt() const;
+    int32_t                      n_media() const;
+    const std::vector<uint8_t> & modality() const;
+    double                       prefill_seconds() const;
+
+    // The prefill as an ecokv capture (SPEC §7): keys and values are views of a host copy of the cache, made on the
+    // first call; queries from the capture. Only for a prefilled sequence.
+    const capture_view & capture() const;
+    void                 release_capture();
+
+    // Selects with the method and loads the kept entries into a new sequence with room for n_extra tokens; with
+    // probe, its decodes record attention outputs for fidelity(). Only for a prefilled sequence.
+    sequence compress(const method_spec & spec, const method_params & params, int32_t n_extra,
+                      bool probe = false) const;
+    const compression_info & compression() const;  // empty selection for an uncompressed sequence
+
+    // Decodes tokens at n_past.
+    void       decode(const std::vector<llama_token> & tokens);
+    // Greedy decoding of up to n tokens from logits() (stops after an end-of-generation token).
+    generation greedy(int32_t n, bool keep_logits = false);
+    // decode(question) when not empty, then greedy(n).
+    generation answer(const std::vector<llama_token> & question, int32_t n, bool keep_logits = false);
+    // answer() with the distributions and, when the sequence probes (a prefilled one always can), every step's
+    // attention outputs: the reference of fidelity().
+    reference  answer_reference(const std::vector<llama_token> & question, int32_t n);
+    // decode(question) when not empty, then teacher forcing on the reference's tokens. The first answer token
+    // counts only when its distribution was computed on this cache (the question was decoded here).
+    fidelity_report fidelity(const std::vector<llama_token> & question, const reference & full);
+
+    snapshot save() const;
+    void     restore(const snapshot & s);  // must fit this sequence's context
+
+  private:
+    friend class session;
+    struct impl;
+    explicit sequence(std::unique_ptr<impl> p);
+    std::unique_ptr<impl> impl_;
+};
+
+}  // namespace ecokv::llama

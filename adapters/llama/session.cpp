@@ -1,0 +1,553 @@
+// session, prompt and sequence (ecokv/llama-session.h): the recipe every client used to spell out, written once.
+#include "ecokv/llama-session.h"
+
+#include "ecokv/error.h"
+#include "ecokv/llama-adapter.h"
+#include "state-blob.h"
+
+#include <mtmd-helper.h>
+#include <mtmd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+
+namespace ecokv::llama {
+
+namespace {
+
+bool g_verbose = false;
+
+void log_filter(ggml_log_level level, const char * text, void *) {
+    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) {
+        std::fputs(text, stderr);
+    }
+}
+
+struct mtmd_deleter {
+    void operator()(mtmd_context * c) const { mtmd_free(c); }
+    void operator()(mtmd_input_chunks * c) const { mtmd_input_chunks_free(c); }
+    void operator()(mtmd_bitmap * b) const { mtmd_bitmap_free(b); }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Prompts of at most 2048 cells go in one batch; larger ones in batches of options.n_batch.
+llama_context_params context_params(const session_options & o, int32_t n_cells) {
+    llama_context_params p = llama_context_default_params();
+    p.n_ctx                = uint32_t(n_cells);
+    p.n_batch              = uint32_t(std::min(n_cells, o.n_batch));
+    if (o.n_ubatch > 0) {
+        p.n_ubatch = uint32_t(std::min(o.n_ubatch, int32_t(p.n_batch)));
+    }
+    p.n_seq_max       = 1;
+    p.flash_attn_type = o.flash_attn;
+    if (o.n_threads > 0) {
+        p.n_threads = p.n_threads_batch = o.n_threads;
+    }
+    return p;
+}
+
+context_ptr new_context(const llama_model * model, const llama_context_params & p) {
+    context_ptr ctx(llama_init_from_model(const_cast<llama_model *>(model), p));
+    if (!ctx) {
+        throw error("cannot create a context of " + std::to_string(p.n_ctx) + " cells");
+    }
+    return ctx;
+}
+
+std::vector<uint8_t> read_state(llama_context * ctx) {
+    std::vector<uint8_t> s(llama_state_seq_get_size(ctx, 0));
+    if (s.empty() || llama_state_seq_get_data(ctx, s.data(), s.size(), 0) != s.size()) {
+        throw error("cannot read the sequence state");
+    }
+    return s;
+}
+
+void write_state(llama_context * ctx, const snapshot & s) {
+    llama_memory_clear(llama_get_memory(ctx), true);
+    if (llama_state_seq_set_data(ctx, s.state.data(), s.state.size(), 0) != s.state.size()) {
+        throw error("llama.cpp rejected the sequence state (" + std::to_string(s.n_cells) + " cells into a context of " +
+                    std::to_string(llama_n_ctx(ctx)) + ")");
+    }
+    if (!s.bias.empty() && !llama_set_kv_head_bias(ctx, s.bias.data(), uint32_t(s.n_cells))) {
+        throw error("the model's KV cache does not take a per-head bias (SWA or hybrid memory)");
+    }
+}
+
+// Per layer, the mean over steps of ||c - f|| / ||f|| (steps paired in order).
+std::vector<double> attention_error(const std::vector<std::vector<std::vector<float>>> & full,
+                                    const std::vector<std::vector<std::vector<float>>> & comp) {
+    const size_t n_steps = std::min(full.size(), comp.size());
+    if (n_steps == 0 || full[0].empty()) {
+        return {};
+    }
+    std::vector<double> err(full[0].size(), 0.0);
+    for (size_t s = 0; s < n_steps; ++s) {
+        for (size_t il = 0; il < err.size(); ++il) {
+            const std::vector<float> &f = full[s][il], &c = comp[s][il];
+            double                    diff = 0, norm = 0;
+            for (size_t i = 0; i < f.size() && i < c.size(); ++i) {
+                diff += (double(c[i]) - f[i]) * (double(c[i]) - f[i]);
+                norm += double(f[i]) * f[i];
+            }
+            err[il] += norm > 0 ? std::sqrt(diff / norm) / double(n_steps) : 0.0;
+        }
+    }
+    return err;
+}
+
+}  // namespace
+
+void set_verbose(bool verbose) {
+    g_verbose = verbose;
+    llama_log_set(log_filter, nullptr);
+    mtmd_helper_log_set(log_filter, nullptr);
+}
+
+std::string with_media_markers(std::string text, size_t n_images) {
+    if (n_images == 0 || text.find(mtmd_default_marker()) != std::string::npos) {
+        return text;
+    }
+    std::string markers;
+    for (size_t i = 0; i < n_images; ++i) {
+        markers += std::string(mtmd_default_marker()) + "\n";
+    }
+    return markers + text;
+}
+
+// ---- prompt ----------------------------------------------------------------------------------------------------
+
+struct prompt::impl {
+    std::vector<llama_token>                         tokens;
+    std::unique_ptr<mtmd_input_chunks, mtmd_deleter> chunks;
+    int32_t                                          n_cells = 0;
+    int32_t                                          n_media = 0;
+    std::vector<uint8_t>                             modality;
+};
+
+prompt::prompt(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+prompt::prompt(prompt &&) noexcept             = default;
+prompt & prompt::operator=(prompt &&) noexcept = default;
+prompt::~prompt()                              = default;
+
+int32_t prompt::n_cells() const { return impl_->n_cells; }
+int32_t prompt::n_media() const { return impl_->n_media; }
+const std::vector<uint8_t> & prompt::modality() const { return impl_->modality; }
+
+// ---- session ---------------------------------------------------------------------------------------------------
+
+struct session::impl {
+    session_options                             opts;
+    model_ptr                                   owned;          // null for a borrowed model
+    llama_model *                               model = nullptr;
+    std::unique_ptr<mtmd_context, mtmd_deleter> projector;
+    mutable std::mutex                          mtmd_mutex;  // libmtmd's clip context is not thread-safe
+};
+
+namespace {
+
+model_ptr load_model(const std::string & path) {
+    if (!std::filesystem::is_regular_file(path)) {
+        throw error(path + ": no such model file");
+    }
+    llama_backend_init();
+    model_ptr model(llama_model_load_from_file(path.c_str(), llama_model_default_params()));
+    if (!model) {
+        throw error(path + ": cannot load the model (not a GGUF llama.cpp 0.5.0 can read?)");
+    }
+    return model;
+}
+
+std::unique_ptr<mtmd_context, mtmd_deleter> load_projector(const std::string & path, const llama_model * model,
+                                                           int32_t n_threads) {
+    if (!std::filesystem::is_regular_file(path)) {
+        throw error(path + ": no such mmproj file");
+    }
+    mtmd_context_params mp = mtmd_context_params_default();
+    mp.use_gpu = mp.print_timings = mp.warmup = false;
+    if (n_threads > 0) {
+        mp.n_threads = n_threads;
+    }
+    std::unique_ptr<mtmd_context, mtmd_deleter> p(mtmd_init_from_file(path.c_str(), model, mp));
+    if (!p) {
+        throw error(path + ": cannot load the projector (corrupt, or not made for this model?)");
+    }
+    return p;
+}
+
+}  // namespace
+
+session::session(const session_options & options) : impl_(std::make_unique<impl>()) {
+    impl_->opts  = options;
+    impl_->owned = load_model(options.model_path);
+    impl_->model = impl_->owned.get();
+    if (!options.mmproj_path.empty()) {
+        impl_->projector = load_projector(options.mmproj_path, impl_->model, options.n_threads);
+    }
+}
+
+session::session(model_ptr model, const session_options & options) : impl_(std::make_unique<impl>()) {
+    if (!model) {
+        throw error("session: no model");
+    }
+    impl_->opts  = options;
+    impl_->owned = std::move(model);
+    impl_->model = impl_->owned.get();
+}
+
+session::session(llama_model & model, const session_options & options) : impl_(std::make_unique<impl>()) {
+    impl_->opts  = options;
+    impl_->model = &model;
+}
+
+session::~session() = default;
+
+const llama_model *     session::model() const { return impl_->model; }
+bool                    session::has_projector() const { return impl_->projector != nullptr; }
+int32_t                 session::n_ctx_train() const { return llama_model_n_ctx_train(impl_->model); }
+const session_options & session::options() const { return impl_->opts; }
+
+std::string session::description() const {
+    char desc[256] = {};
+    llama_model_desc(impl_->model, desc, sizeof desc);
+    return desc;
+}
+
+std::vector<llama_token> session::tokenize(const std::string & text, bool add_special) const {
+    return llama::tokenize(impl_->model, text, add_special);
+}
+
+std::string session::detokenize(const std::vector<llama_token> & tokens) const {
+    return llama::detokenize(impl_->model, tokens);
+}
+
+std::string session::chat_prompt(const std::string & user) const { return llama::chat_prompt(impl_->model, user); }
+
+prompt_parts session::split_prompt(const std::string & context) const {
+    const std::string marker   = "\x01" "ECOKV_QUESTION" "\x01";
+    const std::string rendered = chat_prompt(context + "\n" + marker);
+    const size_t      at       = rendered.find(marker);
+    if (at == std::string::npos) {
+        return { context + "\n", "" };
+    }
+    return { rendered.substr(0, at), rendered.substr(at + marker.size()) };
+}
+
+prompt session::make_prompt(std::vector<llama_token> tokens) const {
+    auto p     = std::make_unique<prompt::impl>();
+    p->n_cells = int32_t(tokens.size());
+    p->tokens  = std::move(tokens);
+    return prompt(std::move(p));
+}
+
+prompt session::make_prompt(const std::string & text, const std::vector<std::string> & images) const {
+    if (images.empty()) {
+        return make_prompt(tokenize(text, true));
+    }
+    if (!impl_->projector) {
+        throw error("images need a projector (--mmproj)");
+    }
+    const std::lock_guard<std::mutex>                         lock(impl_->mtmd_mutex);
+    std::vector<std::unique_ptr<mtmd_bitmap, mtmd_deleter>>   bitmaps;
+    std::vector<const mtmd_bitmap *>                          ptrs;
+    for (const std::string & path : images) {
+        bitmaps.emplace_back(mtmd_helper_bitmap_init_from_file(impl_->projector.get(), path.c_str(), false,
+                                                               mtmd_helper_init_opt_default()).bitmap);
+        if (!bitmaps.back()) {
+            throw error(path + ": cannot read the image");
+        }
+        ptrs.push_back(bitmaps.back().get());
+    }
+    auto p = std::make_unique<prompt::impl>();
+    p->chunks.reset(mtmd_input_chunks_init());
+    const mtmd_input_text input{ text.c_str(), text.size(), true, true };
+    if (const int32_t rc = mtmd_tokenize(impl_->projector.get(), p->chunks.get(), &input, ptrs.data(), ptrs.size());
+        rc != 0) {
+        throw error(rc == 1 ? "the prompt's media markers do not match the number of images"
+                            : "an image could not be preprocessed for this projector");
+    }
+    for (size_t i = 0; i < mtmd_input_chunks_size(p->chunks.get()); ++i) {
+        const mtmd_input_chunk * c    = mtmd_input_chunks_get(p->chunks.get(), i);
+        const auto               type = mtmd_input_chunk_get_type(c);
+        const uint8_t m = type == MTMD_INPUT_CHUNK_TYPE_TEXT ? 0 : type == MTMD_INPUT_CHUNK_TYPE_IMAGE ? 1 : 2;
+        const size_t  n = mtmd_input_chunk_get_n_tokens(c);
+        p->modality.insert(p->modality.end(), n, m);
+        p->n_media += m != 0 ? int32_t(n) : 0;
+    }
+    p->n_cells = int32_t(mtmd_helper_get_n_tokens(p->chunks.get()));
+    return prompt(std::move(p));
+}
+
+// ---- sequence --------------------------------------------------------------------------------------------------
+
+struct sequence::impl {
+    const session::impl *          s = nullptr;
+    llama_context_params           cparams{};  // of this context (compressed contexts share the V layout)
+    std::unique_ptr<query_capture> capture;    // the prefill's queries (and probe), or a probe, or none
+    context_ptr                    ctx;
+    mutable std::unique_ptr<prefill_state> state;  // host copy of the prefilled cache, made on demand
+    bool                           prefilled = false;
+
+    int32_t              n_cells = 0;
+    llama_pos            n_past  = 0;
+    std::vector<float>   logits;
+    bool                 own_logits = true;
+    std::vector<float>   bias;
+    mutable uint64_t     bytes_per_cell = 0;
+    uint64_t             kv_kept = 0;  // 0: n_cells x bytes_per_cell
+    compression_info     comp;
+
+    int32_t              n_prompt = 0, n_media = 0;
+    std::vector<uint8_t> modality;
+    double               prefill_s = 0;
+
+    const prefill_state & prefill() const {
+        if (!prefilled || !capture) {
+            throw error("the sequence has no prefill capture (prefill it with method requirements to compress it)");
+        }
+        if (!state) {
+            state          = std::make_unique<prefill_state>(ctx.get(), *capture, modality);
+            bytes_per_cell = state->kv_bytes_per_cell();
+        }
+        return *state;
+    }
+
+    void decode(const std::vector<llama_token> & tokens) {
+        logits     = llama::decode(ctx.get(), tokens, n_past);
+        n_past    += llama_pos(tokens.size());
+        own_logits = true;
+    }
+
+    // Runs f with the probe recording, collecting the attention outputs after each step.
+    template <typename F> auto probed(std::vector<std::vector<std::vector<float>>> & out, F && f) {
+        if (!capture) {
+            return f(step_hook{});
+        }
+        capture->set_probe(true);
+        auto r = f(step_hook([&] { out.push_back(capture->attention_outputs()); }));
+        capture->set_probe(false);
+        return r;
+    }
+};
+
+sequence::sequence(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+sequence::sequence(sequence &&) noexcept             = default;
+sequence & sequence::operator=(sequence &&) noexcept = default;
+sequence::~sequence()                                = default;
+
+sequence session::prefill(const prompt & p, int32_t n_extra, const method_requirements & needs) const {
+    const int32_t n_cells = p.n_cells();
+    if (n_cells == 0) {
+        throw error("the prompt is empty");
+    }
+    if (int64_t(n_cells) + n_extra > n_ctx_train()) {
+        throw error("prompt of " + std::to_string(n_cells) + " tokens plus " + std::to_string(n_extra) +
+                    " new ones exceeds the model's context of " + std::to_string(n_ctx_train()));
+    }
+    auto q     = std::make_unique<sequence::impl>();
+    q->s       = impl_.get();
+    q->cparams = context_params(impl_->opts, n_cells + n_extra);
+    llama_context_params pp = q->cparams;
+    if (needs.n_window_queries > 0 || needs.full_queries) {
+        // At least 32 window rows, as a capture file must hold (SPEC §7).
+        q->capture = std::make_unique<query_capture>(model(), std::max(32, needs.n_window_queries), needs.full_queries);
+        q->capture->attach(pp);
+    }
+    q->ctx = new_context(model(), pp);
+
+    const auto                    t0   = std::chrono::steady_clock::now();
+    const prompt::impl &          in   = *p.impl_;
+    if (!in.chunks) {
+        q->decode(in.tokens);
+    } else {
+        const std::lock_guard<std::mutex> lock(impl_->mtmd_mutex);
+        llama_pos                         n_past = 0;
+        if (mtmd_helper_eval_chunks(impl_->projector.get(), q->ctx.get(), in.chunks.get(), 0, 0,
+                                    int32_t(llama_n_batch(q->ctx.get())), true, &n_past) != 0) {
+            throw error("evaluating the multimodal prompt failed");
+        }
+        q->logits = last_logits(q->ctx.get());
+        q->n_past = n_past;
+    }
+    q->prefill_s = seconds_since(t0);
+    if (q->capture) {
+        q->capture->set_active(false);
+    }
+    q->prefilled = true;
+    q->n_cells = q->n_prompt = n_cells;
+    q->n_media               = in.n_media;
+    q->modality              = in.modality;
+    return sequence(std::move(q));
+}
+
+sequence session::resume(const snapshot & s, int32_t n_extra, bool probe) const {
+    auto q            = std::make_unique<sequence::impl>();
+    q->s              = impl_.get();
+    q->cparams        = context_params(impl_->opts, s.n_cells + n_extra);
+    q->n_cells        = s.n_cells;
+    q->bytes_per_cell = s.bytes_per_cell;
+    q->kv_kept        = s.kv_bytes_kept;
+    llama_context_params cp = q->cparams;
+    if (probe) {
+        q->capture = std::make_unique<query_capture>(model(), 1, false);
+        q->capture->set_active(false);
+        q->capture->attach(cp);
+    }
+    q->ctx = new_context(model(), cp);
+    sequence out(std::move(q));
+    out.restore(s);
+    return out;
+}
+
+int32_t                    sequence::n_cells() const { return impl_->n_cells; }
+llama_pos                  sequence::n_past() const { return impl_->n_past; }
+const std::vector<float> & sequence::logits() const { return impl_->logits; }
+int32_t                    sequence::n_prompt() const { return impl_->n_prompt; }
+int32_t                    sequence::n_media() const { return impl_->n_media; }
+const std::vector<uint8_t> & sequence::modality() const { return impl_->modality; }
+double                     sequence::prefill_seconds() const { return impl_->prefill_s; }
+const compression_info &   sequence::compression() const { return impl_->comp; }
+
+uint64_t sequence::kv_bytes_per_cell() const {
+    if (impl_->bytes_per_cell == 0) {
+        if (impl_->prefilled && impl_->capture) {
+            impl_->prefill();
+        } else {  // no capture to build a prefill_state from: parse the state once for its row sizes
+            const llama_model * m = impl_->s->model;
+            const state_blob    b(read_state(impl_->ctx.get()), llama_model_rope_type(m) == LLAMA_ROPE_TYPE_MROPE ||
+                                                                 llama_model_rope_type(m) == LLAMA_ROPE_TYPE_IMROPE,
+                                  llama_model_n_head_kv(m));
+            impl_->bytes_per_cell = uint64_t(b.n_layers()) * llama_model_n_head_kv(m) *
+                                    (uint64_t(b.head_dim_k()) * dtype_size(b.keys(0).type) +
+                                     uint64_t(b.head_dim_v()) * dtype_size(b.values(0).type));
+        }
+    }
+    return impl_->bytes_per_cell;
+}
+
+uint64_t sequence::kv_bytes_allocated() const {
+    return llama::kv_bytes_allocated(impl_->ctx.get(), kv_bytes_per_cell());
+}
+
+uint64_t sequence::kv_bytes_kept() const {
+    return impl_->kv_kept ? impl_->kv_kept : uint64_t(impl_->n_cells) * kv_bytes_per_cell();
+}
+
+const capture_view & sequence::capture() const { return impl_->prefill().view(); }
+
+void sequence::release_capture() { impl_->state.reset(); }
+
+sequence sequence::compress(const method_spec & spec, const method_params & params, int32_t n_extra, bool probe) const {
+    const prefill_state &          st = impl_->prefill();
+    std::unique_ptr<query_capture> observer;
+    if (probe) {
+        observer = std::make_unique<query_capture>(impl_->s->model, 1, false);
+        observer->set_active(false);
+    }
+    compressed_cache cc = compress_context(impl_->s->model, st, spec, params, n_extra, impl_->cparams,
+                                           observer.get());
+    auto q            = std::make_unique<impl>();
+    q->s              = impl_->s;
+    q->cparams        = impl_->cparams;
+    q->cparams.n_ctx  = llama_n_ctx(cc.ctx.get());
+    q->capture        = std::move(observer);
+    q->ctx            = std::move(cc.ctx);
+    q->n_cells        = cc.n_cells;
+    q->n_past         = impl_->n_past;
+    q->logits         = impl_->logits;
+    q->own_logits     = false;  // the prefill computed them on the full cache
+    q->bias           = std::move(cc.bias);
+    q->bytes_per_cell = st.kv_bytes_per_cell();
+    q->kv_kept        = cc.kv_bytes_kept;
+    q->comp           = { std::move(cc.sel), cc.select_seconds, cc.rebuild_seconds };
+    q->n_prompt       = impl_->n_prompt;
+    q->n_media        = impl_->n_media;
+    q->modality       = impl_->modality;
+    q->prefill_s      = impl_->prefill_s;
+    return sequence(std::move(q));
+}
+
+void sequence::decode(const std::vector<llama_token> & tokens) { impl_->decode(tokens); }
+
+generation sequence::greedy(int32_t n, bool keep_logits) {
+    return answer({}, n, keep_logits);
+}
+
+generation sequence::answer(const std::vector<llama_token> & question, int32_t n, bool keep_logits) {
+    if (!question.empty()) {
+        impl_->decode(question);
+    }
+    generation g = llama::greedy(impl_->ctx.get(), impl_->logits, impl_->n_past, n, keep_logits);
+    const llama_pos decoded = llama_pos(g.tokens.empty() ? 0 : g.tokens.size() - 1);  // the last one is not decoded
+    if (decoded > 0) {
+        impl_->logits     = last_logits(impl_->ctx.get());
+        impl_->own_logits = true;
+    }
+    impl_->n_past += decoded;
+    return g;
+}
+
+reference sequence::answer_reference(const std::vector<llama_token> & question, int32_t n) {
+    if (!question.empty()) {
+        impl_->decode(question);
+    }
+    reference r;
+    r.answer = impl_->probed(r.attention, [&](const step_hook & hook) {
+        return llama::greedy(impl_->ctx.get(), impl_->logits, impl_->n_past, n, true, hook);
+    });
+    const llama_pos decoded = llama_pos(r.answer.tokens.empty() ? 0 : r.answer.tokens.size() - 1);
+    if (decoded > 0) {
+        impl_->logits     = last_logits(impl_->ctx.get());
+        impl_->own_logits = true;
+    }
+    impl_->n_past += decoded;
+    return r;
+}
+
+fidelity_report sequence::fidelity(const std::vector<llama_token> & question, const reference & full) {
+    if (!question.empty()) {
+        impl_->decode(question);
+    }
+    const std::vector<float>                     first = impl_->logits;
+    const bool                                   own   = impl_->own_logits;
+    std::vector<std::vector<std::vector<float>>> attention;
+    const llama::fidelity f = impl_->probed(attention, [&](const step_hook & hook) {
+        return compare_to_full(impl_->ctx.get(), full.answer, impl_->n_past, own ? &first : nullptr, hook);
+    });
+    const llama_pos forced = llama_pos(full.answer.tokens.empty() ? 0 : full.answer.tokens.size() - 1);
+    if (forced > 0) {
+        impl_->logits     = last_logits(impl_->ctx.get());
+        impl_->own_logits = true;
+    }
+    impl_->n_past += forced;
+    return { f.agreement, f.mean_kl, f.n, attention_error(full.attention, attention) };
+}
+
+snapshot sequence::save() const {
+    snapshot s;
+    s.state          = read_state(impl_->ctx.get());
+    s.bias           = impl_->bias;
+    s.logits         = impl_->logits;
+    s.own_logits     = impl_->own_logits;
+    s.n_cells        = impl_->n_cells;
+    s.n_past         = impl_->n_past;
+    s.bytes_per_cell = impl_->bytes_per_cell;
+    s.kv_bytes_kept  = impl_->kv_kept;
+    return s;
+}
+
+void sequence::restore(const snapshot & s) {
+    write_state(impl_->ctx.get(), s);
+    impl_->bias       = s.bias;
+    impl_->logits     = s.logits;
+    impl_->own_logits = s.own_logits;
+    impl_->n_past     = s.n_past;
+}
+
+}  // namespace ecokv::llama

@@ -1,0 +1,237 @@
+// The evaluation runner (ecokv/eval-runner.h): plan (every check before any engine work), then one prefill per item
+// and one JSON record per (item, method, budget), flushed as it comes.
+#include "ecokv/eval-runner.h"
+
+#include "ecokv/error.h"
+#include "ecokv/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace ecokv {
+
+namespace {
+
+using json   = nlohmann::json;
+namespace fs = std::filesystem;
+
+const char * mode_name(eval_mode m) { return m == eval_mode::prompt ? "prompt" : "agnostic"; }
+
+std::string key(const std::string & id, const std::string & method, int32_t budget) {
+    return id + "\x1f" + method + "\x1f" + std::to_string(budget);
+}
+
+// Every option that changes results. Method options are recorded even when no method reads them: a run's config is
+// then a plain function of its options.
+json config_of(const eval_options & o, const metric_info & metric) {
+    const method_params & p = o.params;
+    return {
+        { "dataset", o.dataset },
+        { "metric", metric.name },
+        { "mode", mode_name(o.mode) },
+        { "model", fs::path(o.model).filename().string() },
+        { "mmproj", o.projector.empty() ? json(nullptr) : json(fs::path(o.projector).filename().string()) },
+        { "n_predict", o.n_predict },
+        { "window", p.window >= 0 ? json(p.window) : json(nullptr) },
+        { "kernel", p.kernel },
+        { "pool", p.pool == pool_kind::avg ? "avg" : "max" },
+        { "alpha", p.alpha },
+        { "beta", p.beta },
+        { "tau", p.tau },
+        { "centroid", p.centroid == centroid_kind::all ? "all" : "prefix" },
+        { "floor_ratio", p.floor_ratio >= 0 ? json(p.floor_ratio) : json(nullptr) },
+        { "pyramid_beta", p.pyramid_beta },
+        { "theta", p.theta },
+        { "sinks", p.n_sink },
+        { "seed", p.seed },
+        { "merge", p.merge == merge_kind::pivot ? "pivot" : "none" },
+        { "head_scores", p.head_scores.empty() ? json(nullptr) : json(fs::path(p.head_scores).filename().string()) },
+    };
+}
+
+// "metric \"anls\" there, \"chars\" here" for each key a results directory's config.json and this run disagree on.
+std::string config_differences(const json & there, const json & here) {
+    std::string out;
+    json        keys = here;
+    keys.update(there);  // every key of either
+    for (const auto & [k, v] : keys.items()) {
+        const json a = there.contains(k) ? there.at(k) : json(), b = here.contains(k) ? here.at(k) : json();
+        if (a != b) {
+            out += (out.empty() ? "" : ", ") + k + " " + a.dump() + " there, " + b.dump() + " here";
+        }
+    }
+    return out;
+}
+
+void check_config(const std::string & path, const json & config) {
+    if (!fs::exists(path)) {
+        write_file_atomic(path, config.dump(2) + "\n");
+        return;
+    }
+    std::ifstream in(path);
+    json          there;
+    try {
+        there = json::parse(in);
+    } catch (const json::exception & e) {
+        throw error(path + ": not a results config (" + e.what() + ")");
+    }
+    if (there != config) {
+        throw error(path + " describes another run (" + config_differences(there, config) + ")");
+    }
+}
+
+// Reads the results already written (resume) and cuts a last line left half-written by a killed run.
+std::set<std::string> load_done(const std::string & path) {
+    std::set<std::string> done;
+    std::ifstream         in(path);
+    std::string           line;
+    std::streamoff        good_end = 0;
+    while (std::getline(in, line)) {
+        try {
+            const json j = json::parse(line);
+            done.insert(key(j.at("id"), j.at("method"), j.at("budget")));
+            good_end = in.tellg();
+        } catch (const std::exception &) {
+            break;
+        }
+    }
+    in.close();
+    if (fs::exists(path) && std::streamoff(fs::file_size(path)) != good_end && good_end >= 0) {
+        fs::resize_file(path, uintmax_t(good_end));
+    }
+    return done;
+}
+
+// Canonical names ("snapkv+mixkv" and "mixkv" merge), each (method, budget) validated before any work.
+std::vector<std::string> canonical_methods(const eval_options & o, method_requirements & needs) {
+    std::vector<std::string> out;
+    for (const std::string & m : o.methods) {
+        if (m == "full") {
+            out.push_back(m);
+            continue;
+        }
+        const method_spec spec = parse_method(m);
+        for (int32_t b : o.budgets) {
+            method_params p = o.params;
+            p.budget        = b;
+            p.validate(method_window(spec, p));
+            needs |= requirements(spec, p);
+        }
+        out.push_back(spec.name());
+    }
+    return out;
+}
+
+json record(const eval_item & item, const std::string & method, int32_t budget, const eval_prefill & pf,
+            const eval_answer & a, const metric_info & metric) {
+    json rec = { { "id", item.id },           { "method", method },
+                 { "budget", budget },        { "type", item.type },
+                 { "answers", item.answers }, { "prompt_tokens", pf.prompt_tokens },
+                 { "image_tokens", pf.image_tokens }, { "kv_bytes_full", pf.kv_bytes_full },
+                 { "prefill_s", pf.prefill_s },       { "kv_bytes_compressed", a.kv_bytes },
+                 { "compress_s", a.compress_s },      { "decode_s", a.decode_s },
+                 { "prediction", answer_text(a.output, metric.whole_output) } };
+    if (method != "full") {
+        rec["agreement"]      = a.agreement ? json(*a.agreement) : json(nullptr);
+        rec["mean_kl"]        = a.mean_kl ? json(*a.mean_kl) : json(nullptr);
+        rec["attn_rel_error"] = a.attn_rel_error.empty() ? json(nullptr) : json(a.attn_rel_error);
+    }
+    // The item's own score; a corpus-only metric (CIDEr's document frequencies) has one only in the report.
+    if (metric.corpus_only) {
+        rec["score"] = nullptr;
+    } else {
+        const metric_item mi{ rec["prediction"], item.answers, item.type };
+        rec["score"] = evaluate(metric.name, std::span(&mi, 1)).score;
+    }
+    return rec;
+}
+
+}  // namespace
+
+std::string answer_text(const std::string & output, bool whole_output) {
+    const std::string s = whole_output ? output : output.substr(0, output.find('\n'));
+    const size_t      b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
+    return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+eval_plan plan_eval(const eval_options & options) {
+    eval_plan plan;
+    plan.options               = options;
+    const dataset_info & data  = find_dataset(options.dataset);
+    plan.metric                = &find_metric(options.metric.empty() ? data.metric : options.metric);
+    plan.options.methods       = canonical_methods(options, plan.needs);
+    if (options.n_shards < 1 || options.shard < 0 || options.shard >= options.n_shards) {
+        throw error("--shard must be i/n with 0 <= i < n");
+    }
+    if (options.n_predict < 1 || options.n_predict > 1000000) {
+        throw error("-n " + std::to_string(options.n_predict) + " must lie in [1, 1000000]");
+    }
+
+    std::vector<eval_item> items = load_dataset(data.name, options.data_dir);
+    if (options.limit > 0 && size_t(options.limit) < items.size()) {
+        items.resize(size_t(options.limit));
+    }
+    for (size_t i = 0; i < items.size(); ++i) {
+        if (plan.metric->needs_type && items[i].type.empty()) {  // else evaluate() would throw after the first answer
+            throw error("metric " + plan.metric->name + " needs each item's question type; " + data.name + " item '" +
+                        items[i].id + "' has none");
+        }
+        if (int32_t(i % size_t(options.n_shards)) == options.shard) {
+            plan.items.push_back(std::move(items[i]));
+        }
+    }
+
+    fs::create_directories(options.out_dir);
+    check_config(options.out_dir + "/config.json", config_of(options, *plan.metric));
+    plan.results_path = options.out_dir + "/results" +
+                        (options.n_shards > 1 ? ".shard-" + std::to_string(options.shard) + "-of-" +
+                                                    std::to_string(options.n_shards)
+                                              : "") +
+                        ".jsonl";
+    plan.done = load_done(plan.results_path);
+    return plan;
+}
+
+void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress & progress) {
+    const eval_options & o = plan.options;
+    std::ofstream        out(plan.results_path, std::ios::app);
+    if (!out) {
+        throw error(plan.results_path + ": cannot open for writing");
+    }
+    for (size_t k = 0; k < plan.items.size(); ++k) {
+        if (progress) {
+            progress(k, plan.items.size());
+        }
+        const eval_item &                            item = plan.items[k];
+        std::vector<std::pair<std::string, int32_t>> todo;
+        for (const std::string & m : o.methods) {
+            for (int32_t b : m == "full" ? std::vector<int32_t>{ 0 } : o.budgets) {
+                if (!plan.done.count(key(item.id, m, b))) {
+                    todo.emplace_back(m, b);
+                }
+            }
+        }
+        if (todo.empty()) {
+            continue;
+        }
+        const eval_prefill pf = engine.prefill(item, o.mode, o.n_predict, plan.needs);
+        for (const auto & [method, budget] : todo) {
+            method_params p = o.params;
+            p.budget        = budget;
+            const eval_answer a = method == "full" ? engine.answer_full()
+                                                   : engine.answer_compressed(parse_method(method), p);
+            out << record(item, method, budget, pf, a, *plan.metric).dump() << "\n";
+            out.flush();  // a killed run loses nothing that was answered
+            if (!out) {
+                throw error(plan.results_path + ": cannot write a result (disk full?)");
+            }
+        }
+    }
+    if (progress) {
+        progress(plan.items.size(), plan.items.size());
+    }
+}
+
+}  // namespace ecokv

@@ -1,0 +1,219 @@
+// The session API (ecokv/llama-session.h) on random-weight models built in memory, against the plain C++ reference
+// forward of tiny-model.cpp: independent sequences of one session, the capture sized from the method's requirements,
+// compression with a budget covering the prompt or masking evicted entries, snapshots restored in place and resumed in
+// a new context, fidelity to the full cache, sequences decoding concurrently, and clear errors.
+#include "ecokv/error.h"
+#include "ecokv/llama-session.h"
+#include "tiny-model.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+namespace {
+
+using namespace ecokv::test;
+namespace el = ecokv::llama;
+
+std::vector<int32_t> prompt_tokens(int32_t n, int32_t n_vocab, uint32_t seed) {
+    std::vector<int32_t> t;
+    for (int32_t i = 0; i < n; ++i) {
+        seed = seed * 1664525u + 1013904223u;
+        t.push_back(int32_t((seed >> 8) % uint32_t(n_vocab)));
+    }
+    return t;
+}
+
+// max |a - b| / max |b|
+double rel_diff(const std::vector<float> & a, const std::vector<float> & b) {
+    double d = 0, m = 0;
+    for (size_t i = 0; i < b.size(); ++i) {
+        d = std::max(d, std::fabs(double(a[i]) - b[i]));
+        m = std::max(m, std::fabs(double(b[i])));
+    }
+    return d / m;
+}
+
+// llama.cpp's log only for errors.
+const bool quiet = [] {
+    el::set_verbose(false);
+    return true;
+}();
+
+el::session_options two_threads() {
+    el::session_options o;
+    o.n_threads = 2;
+    return o;
+}
+
+ecokv::method_requirements window(int32_t n, bool full = false) {
+    ecokv::method_requirements r;
+    r.n_window_queries = n;
+    r.full_queries     = full;
+    return r;
+}
+
+ecokv::method_params budget(int32_t b, int32_t w = -1) {
+    ecokv::method_params p;
+    p.budget = b;
+    p.window = w;
+    return p;
+}
+
+struct fixture {
+    tiny_model  m = make_tiny_model({});
+    el::session s{ *m.get(), two_threads() };
+};
+
+TEST(session, independent_sequences_match_the_reference) {
+    const fixture f;
+    const auto    a = prompt_tokens(20, f.m.config().n_vocab, 1), b = prompt_tokens(33, f.m.config().n_vocab, 2);
+    el::sequence  sa = f.s.prefill(f.s.make_prompt(a), 4, window(0));
+    el::sequence  sb = f.s.prefill(f.s.make_prompt(b), 4, window(0));
+    EXPECT_EQ(sa.n_past(), 20);
+    EXPECT_EQ(sb.n_prompt(), 33);
+    EXPECT_LT(rel_diff(sa.logits(), reference_logits(f.m, a, text_positions(20))), logit_rel_tolerance);
+    EXPECT_LT(rel_diff(sb.logits(), reference_logits(f.m, b, text_positions(33))), logit_rel_tolerance);
+    // Decoding into one does not touch the other.
+    sa.decode({ 5 });
+    auto a5 = a;
+    a5.push_back(5);
+    EXPECT_LT(rel_diff(sa.logits(), reference_logits(f.m, a5, text_positions(21))), logit_rel_tolerance);
+    sb.decode({ 5 });
+    auto b5 = b;
+    b5.push_back(5);
+    EXPECT_LT(rel_diff(sb.logits(), reference_logits(f.m, b5, text_positions(34))), logit_rel_tolerance);
+}
+
+TEST(session, the_capture_is_sized_from_the_methods_requirements) {
+    const fixture f;
+    const auto    tokens = prompt_tokens(48, f.m.config().n_vocab, 3);
+    // A window of 40 (more than the 32 rows a capture file must hold) and a window of 4 (at least 32 are kept).
+    EXPECT_EQ(f.s.prefill(f.s.make_prompt(tokens), 4, window(40)).capture().n_queries, 40);
+    EXPECT_EQ(f.s.prefill(f.s.make_prompt(tokens), 4, window(4)).capture().n_queries, 32);
+    const el::sequence full = f.s.prefill(f.s.make_prompt(tokens), 4, window(32, true));
+    EXPECT_EQ(full.capture().layers[0].full_queries.ne[1], 48);
+    // The registry decides: h2o and lookm capture every query, ecokv with --window 40 holds 40 rows.
+    EXPECT_TRUE(ecokv::requirements(ecokv::parse_method("lookm"), budget(64)).full_queries);
+    EXPECT_EQ(ecokv::requirements(ecokv::parse_method("ecokv"), budget(64, 40)).n_window_queries, 40);
+    const ecokv::method_params w40 = budget(44, 40);
+    const el::sequence         s40 =
+        f.s.prefill(f.s.make_prompt(tokens), 4, ecokv::requirements(ecokv::parse_method("snapkv+ecokv"), w40));
+    EXPECT_EQ(s40.compress(ecokv::parse_method("snapkv+ecokv"), w40, 4).n_cells(), 44);
+}
+
+TEST(session, compression_masks_what_was_evicted) {
+    const fixture f;
+    const auto    tokens = prompt_tokens(40, f.m.config().n_vocab, 11);
+    el::sequence  full   = f.s.prefill(f.s.make_prompt(tokens), 8, window(32));
+    el::sequence  cover  = full.compress(ecokv::parse_method("snapkv+ecokv"), budget(64), 8);
+    el::sequence  small  = full.compress(ecokv::parse_method("snapkv+ecokv"), budget(12), 8);
+    EXPECT_EQ(cover.n_cells(), 40);
+    EXPECT_EQ(small.n_cells(), 12);
+    EXPECT_EQ(small.n_past(), 40);
+    // A cell: 2 layers x 2 KV heads x head_dim 16 x (K + V) x 2 bytes (F16); llama.cpp allocates 256 cells at least.
+    EXPECT_EQ(small.kv_bytes_per_cell(), 256u);
+    EXPECT_EQ(full.kv_bytes_allocated(), 256u * 256u);
+    EXPECT_EQ(small.kv_bytes_allocated(), 256u * 256u);
+    EXPECT_EQ(full.kv_bytes_kept(), 40u * 256u);
+    EXPECT_EQ(small.kv_bytes_kept(), 12u * 256u);
+    const auto & sel  = small.compression().sel;
+    auto         keep = [&](int32_t il, int32_t g, int32_t qi, int32_t kj) {
+        const auto & kept = sel.layers[il][g].kept;
+        return qi < 40 || kj >= 40 || std::binary_search(kept.begin(), kept.end(), kj);
+    };
+    auto next = tokens;
+    next.push_back(9);
+    cover.decode({ 9 });
+    small.decode({ 9 });
+    EXPECT_LT(rel_diff(cover.logits(), reference_logits(f.m, next, text_positions(41))), logit_rel_tolerance);
+    EXPECT_LT(rel_diff(small.logits(), reference_logits(f.m, next, text_positions(41), keep)), logit_rel_tolerance);
+    EXPECT_GT(rel_diff(small.logits(), reference_logits(f.m, next, text_positions(41))), 3 * logit_rel_tolerance);
+}
+
+TEST(session, snapshots_restore_in_place_and_resume_elsewhere) {
+    const fixture      f;
+    const auto         tokens = prompt_tokens(30, f.m.config().n_vocab, 5);
+    const el::sequence full   = f.s.prefill(f.s.make_prompt(tokens), 16, window(32));
+    el::sequence       comp   = full.compress(ecokv::parse_method("pyramidkv+ecokv"), budget(14, 4), 16);
+    const el::snapshot origin = comp.save();
+    const auto         first  = comp.answer({ 3, 4 }, 6, true);
+    comp.restore(origin);
+    EXPECT_EQ(comp.n_past(), 30);
+    EXPECT_EQ(comp.answer({ 3, 4 }, 6, true).tokens, first.tokens);
+    el::sequence moved = f.s.resume(origin, 16);
+    EXPECT_EQ(moved.n_cells(), comp.n_cells());
+    const auto again = moved.answer({ 3, 4 }, 6, true);
+    ASSERT_EQ(again.logits.size(), first.logits.size());
+    for (size_t i = 0; i < first.logits.size(); ++i) {
+        EXPECT_LT(rel_diff(again.logits[i], first.logits[i]), 1e-6) << "step " << i;
+    }
+}
+
+TEST(session, fidelity_of_a_covering_budget_is_exact) {
+    const fixture f;
+    const auto    tokens = prompt_tokens(36, f.m.config().n_vocab, 9);
+    el::sequence  full   = f.s.prefill(f.s.make_prompt(tokens), 12, window(32));
+    el::sequence  cover  = full.compress(ecokv::parse_method("snapkv+ecokv"), budget(64), 12, true);
+    el::sequence  small  = full.compress(ecokv::parse_method("snapkv+ecokv"), budget(10, 4), 12, true);
+    const std::vector<llama_token> question = { 7, 8, 9 };
+    const el::reference            ref      = full.answer_reference(question, 6);
+    ASSERT_EQ(ref.attention.size(), ref.answer.tokens.size() - 1);
+    const el::fidelity_report same = cover.fidelity(question, ref);
+    EXPECT_EQ(same.n, int32_t(ref.answer.tokens.size()));  // the question was decoded here: every token counts
+    EXPECT_EQ(same.agreement, 1.0);
+    EXPECT_LT(same.mean_kl, 1e-6);
+    ASSERT_EQ(same.attn_rel_error.size(), 2u);
+    for (double e : same.attn_rel_error) {
+        EXPECT_LT(e, 1e-5);
+    }
+    const el::fidelity_report diff = small.fidelity(question, ref);
+    EXPECT_GT(*std::max_element(diff.attn_rel_error.begin(), diff.attn_rel_error.end()), 1e-3);
+}
+
+TEST(session, sequences_decode_concurrently) {
+    const fixture                         f;
+    std::vector<std::vector<int32_t>>     prompts;
+    std::vector<el::sequence>             seqs;
+    for (uint32_t i = 0; i < 3; ++i) {
+        prompts.push_back(prompt_tokens(24 + 4 * int32_t(i), f.m.config().n_vocab, 20 + i));
+        seqs.push_back(f.s.prefill(f.s.make_prompt(prompts.back()), 8, window(0)));
+    }
+    std::vector<el::generation> got(3);
+    std::vector<std::thread>    threads;
+    for (size_t i = 0; i < 3; ++i) {
+        threads.emplace_back([&, i] { got[i] = seqs[i].greedy(6, true); });
+    }
+    for (auto & t : threads) {
+        t.join();
+    }
+    for (size_t i = 0; i < 3; ++i) {  // each equals its sequential run
+        const el::generation want = f.s.prefill(f.s.make_prompt(prompts[i]), 8, window(0)).greedy(6, true);
+        EXPECT_EQ(got[i].tokens, want.tokens) << "sequence " << i;
+    }
+}
+
+TEST(session, errors_are_clear) {
+    const fixture f;
+    auto          message = [](auto && fn) {
+        try {
+            fn();
+        } catch (const ecokv::error & e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    const int32_t n_train = f.m.config().n_ctx_train;
+    EXPECT_EQ(message([&] { f.s.prefill(f.s.make_prompt(prompt_tokens(40, 100, 1)), n_train, window(0)); }),
+              "prompt of 40 tokens plus " + std::to_string(n_train) + " new ones exceeds the model's context of " +
+                  std::to_string(n_train));
+    const el::sequence bare = f.s.prefill(f.s.make_prompt(prompt_tokens(40, 100, 1)), 4, window(0));
+    EXPECT_NE(message([&] { bare.compress(ecokv::parse_method("snapkv"), budget(16), 4); }).find("no prefill capture"),
+              std::string::npos);
+    EXPECT_EQ(message([&] { f.s.make_prompt("x", { "img.png" }); }), "images need a projector (--mmproj)");
+    EXPECT_EQ(message([&] { el::session(el::session_options{}); }), ": no such model file");
+}
+
+}  // namespace
