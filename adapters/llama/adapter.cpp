@@ -61,7 +61,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 prefill_state::prefill_state(llama_context * ctx, const query_capture & capture, std::vector<uint8_t> modality,
-                             llama_seq_id seq) :
+                             llama_seq_id seq, int32_t n_prompt) :
     impl_(std::make_unique<impl>()) {
     const llama_model * model = llama_get_model(ctx);
     const int32_t       n_kv  = llama_model_n_head_kv(model);
@@ -72,6 +72,9 @@ prefill_state::prefill_state(llama_context * ctx, const query_capture & capture,
         throw error("query capture failed: " + capture.error());
     }
     impl_->blob = std::make_unique<state_blob>(read_sequence(ctx, seq), uses_cell_ext(model), n_kv);
+    if (n_prompt >= 0) {
+        impl_->blob->keep_first(n_prompt);
+    }
     const state_blob & b = *impl_->blob;
     if (capture.n_tokens() != b.n_cells()) {
         throw error("the query capture saw " + std::to_string(capture.n_tokens()) + " tokens but the cache holds " +

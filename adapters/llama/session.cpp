@@ -303,16 +303,19 @@ struct sequence::impl {
     uint64_t             kv_kept = 0;  // 0: n_cells x bytes_per_cell
     compression_info     comp;
 
+    // The prompt, as prefilled: a compressed sequence starts from here whatever the full one decoded since.
     int32_t              n_prompt = 0, n_media = 0;
     std::vector<uint8_t> modality;
     double               prefill_s = 0;
+    llama_pos            prompt_n_past = 0;
+    std::vector<float>   prompt_logits;
 
     const prefill_state & prefill() const {
         if (!prefilled || !capture) {
             throw error("the sequence has no prefill capture (prefill it with method requirements to compress it)");
         }
         if (!state) {
-            state          = std::make_unique<prefill_state>(ctx.get(), *capture, modality);
+            state          = std::make_unique<prefill_state>(ctx.get(), *capture, modality, 0, n_prompt);
             bytes_per_cell = state->kv_bytes_per_cell();
         }
         return *state;
@@ -379,7 +382,9 @@ sequence session::prefill(const prompt & p, int32_t n_extra, const method_requir
     if (q->capture) {
         q->capture->set_active(false);
     }
-    q->prefilled = true;
+    q->prefilled     = true;
+    q->prompt_n_past = q->n_past;
+    q->prompt_logits = q->logits;
     q->n_cells = q->n_prompt = n_cells;
     q->n_media               = in.n_media;
     q->modality              = in.modality;
@@ -459,8 +464,8 @@ sequence sequence::compress(const method_spec & spec, const method_params & para
     q->capture        = std::move(observer);
     q->ctx            = std::move(cc.ctx);
     q->n_cells        = cc.n_cells;
-    q->n_past         = impl_->n_past;
-    q->logits         = impl_->logits;
+    q->n_past         = impl_->prompt_n_past;
+    q->logits         = impl_->prompt_logits;
     q->own_logits     = false;  // the prefill computed them on the full cache
     q->bias           = std::move(cc.bias);
     q->bytes_per_cell = st.kv_bytes_per_cell();
@@ -470,6 +475,7 @@ sequence sequence::compress(const method_spec & spec, const method_params & para
     q->n_media        = impl_->n_media;
     q->modality       = impl_->modality;
     q->prefill_s      = impl_->prefill_s;
+    q->prompt_n_past  = impl_->prompt_n_past;
     return sequence(std::move(q));
 }
 

@@ -138,6 +138,15 @@ int32_t state_blob::pos_max() const {
     return m;
 }
 
+void state_blob::keep_first(int32_t n) {
+    if (n < 1 || n > n_cells_) {
+        throw error("the sequence state holds " + std::to_string(n_cells_) + " cells, not the " + std::to_string(n) +
+                    " of its prompt");
+    }
+    n_cells_ = n;  // rows keep their strides: the first n cells are the first n rows of every layer
+    cells_.resize(size_t(n));
+}
+
 tensor_view state_blob::keys(int32_t il) const {
     tensor_view v;
     v.data = bytes_.data() + k_off_[il];

@@ -34,6 +34,8 @@ class state_blob {
     int32_t head_dim_v() const { return head_dim_v_; }
     bool    v_trans() const { return v_trans_; }
     int32_t pos_max() const;
+    // Forgets every cell from n on (tokens decoded after the prompt); the views and compacted() see n cells.
+    void    keep_first(int32_t n);
     const std::vector<cell_meta> & cells() const { return cells_; }
 
     // [n_kv_heads, n_cells, head_dim] views into the blob (no copy). With v_trans the values are

@@ -173,6 +173,23 @@ TEST(session, fidelity_of_a_covering_budget_is_exact) {
     EXPECT_GT(*std::max_element(diff.attn_rel_error.begin(), diff.attn_rel_error.end()), 1e-3);
 }
 
+// A prefilled sequence that has answered since still compresses its prompt: the compressed sequence starts at the
+// prompt's position with the prompt's logits.
+TEST(session, compressing_after_decoding_starts_from_the_prompt) {
+    const fixture f;
+    const auto    tokens = prompt_tokens(30, f.m.config().n_vocab, 4);
+    el::sequence  full   = f.s.prefill(f.s.make_prompt(tokens), 12, window(32));
+    const std::vector<float> prompt_logits = full.logits();
+    const el::reference      ref           = full.answer_reference({ 6, 7 }, 5);
+    EXPECT_EQ(full.n_past(), 30 + 2 + int32_t(ref.answer.tokens.size()) - 1);
+    el::sequence cover = full.compress(ecokv::parse_method("snapkv+ecokv"), budget(64), 12);
+    EXPECT_EQ(cover.n_past(), 30);
+    EXPECT_EQ(cover.logits(), prompt_logits);
+    const el::fidelity_report same = cover.fidelity({ 6, 7 }, ref);
+    EXPECT_EQ(same.agreement, 1.0);
+    EXPECT_LT(same.mean_kl, 1e-6);
+}
+
 TEST(session, sequences_decode_concurrently) {
     const fixture                         f;
     std::vector<std::vector<int32_t>>     prompts;

@@ -56,9 +56,11 @@ class query_capture {
 // single-sequence cache fills cells in order).
 class prefill_state {
   public:
-    // modality: one entry per prompt token (0 text, 1 image, 2 audio), or empty for a text prompt.
+    // modality: one entry per prompt token (0 text, 1 image, 2 audio), or empty for a text prompt. n_prompt, when
+    // given, is the prompt's cell count: cells decoded after it (answers) are left out; otherwise the cache must
+    // hold exactly the captured prompt.
     prefill_state(llama_context * ctx, const query_capture & capture, std::vector<uint8_t> modality,
-                  llama_seq_id seq = 0);
+                  llama_seq_id seq = 0, int32_t n_prompt = -1);
     ~prefill_state();
 
     const capture_view & view() const;

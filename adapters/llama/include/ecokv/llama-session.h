@@ -175,13 +175,15 @@ class sequence {
     const std::vector<uint8_t> & modality() const;
     double                       prefill_seconds() const;
 
-    // The prefill as an ecokv capture (SPEC §7): keys and values are views of a host copy of the cache, made on the
-    // first call; queries from the capture. Only for a prefilled sequence.
+    // The prefill as an ecokv capture (SPEC §7): keys and values are views of a host copy of the prompt's cells,
+    // made on the first call (tokens decoded since are left out); queries from the capture. Only for a prefilled
+    // sequence with a capture.
     const capture_view & capture() const;
     void                 release_capture();
 
-    // Selects with the method and loads the kept entries into a new sequence with room for n_extra tokens; with
-    // probe, its decodes record attention outputs for fidelity(). Only for a prefilled sequence.
+    // Selects with the method and loads the kept entries into a new sequence with room for n_extra tokens, at the
+    // prompt's position with the prompt's logits (whatever this sequence decoded since); with probe, its decodes
+    // record attention outputs for fidelity(). Only for a prefilled sequence with a capture.
     sequence compress(const method_spec & spec, const method_params & params, int32_t n_extra,
                       bool probe = false) const;
     const compression_info & compression() const;  // empty selection for an uncompressed sequence
