@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <sstream>
 
 namespace {
 
@@ -85,6 +86,35 @@ TEST(tiny_vlm, run_without_options_is_the_main_job) {
     EXPECT_EQ(j["cells_per_head"].get<int>(), 64);
     EXPECT_EQ(j["image_tokens"].get<int>(), 144);
     EXPECT_TRUE(j["agreement"].is_number());
+}
+
+// `ecokv eval --window 40` works as `ecokv run --window 40` (the capture holds as many window queries as the method
+// asks): on held-out items the evaluation's question-agnostic answers are the answers `run --question` gives.
+TEST(tiny_vlm, eval_window_40_answers_as_run_does) {
+    temp_dir                     dir;
+    const std::string            out    = dir / "w40";
+    std::vector<std::string>     args   = { "eval", "--model", k_models + "/tiny-vlm.gguf", "--mmproj",
+                                            k_models + "/tiny-vlm-mmproj.gguf", "--dataset", "generated", "--data",
+                                            k_items, "--methods", "snapkv+ecokv", "--budgets", "64", "--window", "40",
+                                            "--mode", "agnostic", "--limit", "2", "-n", "8", "-t", "2", "--out", out };
+    const run_result r = run_cli(dir.path().string(), args);
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_EQ(json::parse(read_file(out + "/config.json"))["window"], 40);
+    std::istringstream lines(read_file(out + "/results.jsonl"));
+    const std::vector<json> items = held_out_items();
+    int                     n     = 0;
+    for (std::string line; std::getline(lines, line); ++n) {
+        const json   rec  = json::parse(line);
+        const json & item = items.at(size_t(n));
+        ASSERT_EQ(rec["id"], item["id"]);
+        const json j = run_json(dir, { "--image", k_items + "/" + item["image"][0].get<std::string>(), "--question",
+                                       item["question"], "-m", "snapkv+ecokv", "-b", "64", "--window", "40", "-n", "8" });
+        EXPECT_EQ(j["window"].get<int>(), 40);
+        std::string answer = j["answers"][0]["text"].get<std::string>();
+        answer             = answer.substr(0, answer.find('\n'));
+        EXPECT_EQ(rec["prediction"], answer) << item["id"];
+    }
+    EXPECT_EQ(n, 2);
 }
 
 }  // namespace
