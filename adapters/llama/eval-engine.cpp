@@ -42,10 +42,9 @@ class llama_engine final : public eval_engine {
     }
 
     eval_answer answer_compressed(const method_spec & spec, const method_params & params) override {
-        sequence        c      = full_->compress(spec, params, n_extra_, true);
-        const snapshot  origin = c.save();
-        const generation g     = c.answer(question_, n_predict_);
-        c.restore(origin);
+        sequence         c = full_->compress(spec, params, n_extra_, true);
+        const generation g = c.answer(question_, n_predict_);
+        c.rewind();
         const fidelity_report f = c.fidelity(question_, reference_);
         eval_answer           a;
         a.output         = s_.detokenize(g.tokens);

@@ -303,12 +303,14 @@ struct sequence::impl {
     uint64_t             kv_kept = 0;  // 0: n_cells x bytes_per_cell
     compression_info     comp;
 
-    // The prompt, as prefilled: a compressed sequence starts from here whatever the full one decoded since.
     int32_t              n_prompt = 0, n_media = 0;
     std::vector<uint8_t> modality;
     double               prefill_s = 0;
-    llama_pos            prompt_n_past = 0;
-    std::vector<float>   prompt_logits;
+    // Where rewind() comes back to: after the prompt, the compression or the restored snapshot. A compressed
+    // sequence starts from the prompt's, whatever the full one decoded since.
+    llama_pos            origin_n_past = 0;
+    std::vector<float>   origin_logits;
+    bool                 origin_own = true;
 
     const prefill_state & prefill() const {
         if (!prefilled || !capture) {
@@ -383,8 +385,8 @@ sequence session::prefill(const prompt & p, int32_t n_extra, const method_requir
         q->capture->set_active(false);
     }
     q->prefilled     = true;
-    q->prompt_n_past = q->n_past;
-    q->prompt_logits = q->logits;
+    q->origin_n_past = q->n_past;
+    q->origin_logits = q->logits;
     q->n_cells = q->n_prompt = n_cells;
     q->n_media               = in.n_media;
     q->modality              = in.modality;
@@ -464,9 +466,12 @@ sequence sequence::compress(const method_spec & spec, const method_params & para
     q->capture        = std::move(observer);
     q->ctx            = std::move(cc.ctx);
     q->n_cells        = cc.n_cells;
-    q->n_past         = impl_->prompt_n_past;
-    q->logits         = impl_->prompt_logits;
+    q->n_past         = impl_->origin_n_past;
+    q->logits         = impl_->origin_logits;
     q->own_logits     = false;  // the prefill computed them on the full cache
+    q->origin_n_past  = q->n_past;
+    q->origin_logits  = q->logits;
+    q->origin_own     = false;
     q->bias           = std::move(cc.bias);
     q->bytes_per_cell = st.kv_bytes_per_cell();
     q->kv_kept        = cc.kv_bytes_kept;
@@ -475,7 +480,6 @@ sequence sequence::compress(const method_spec & spec, const method_params & para
     q->n_media        = impl_->n_media;
     q->modality       = impl_->modality;
     q->prefill_s      = impl_->prefill_s;
-    q->prompt_n_past  = impl_->prompt_n_past;
     return sequence(std::move(q));
 }
 
@@ -550,10 +554,19 @@ snapshot sequence::save() const {
 
 void sequence::restore(const snapshot & s) {
     write_state(impl_->ctx.get(), s);
-    impl_->bias       = s.bias;
-    impl_->logits     = s.logits;
-    impl_->own_logits = s.own_logits;
-    impl_->n_past     = s.n_past;
+    impl_->bias          = s.bias;
+    impl_->logits        = impl_->origin_logits = s.logits;
+    impl_->own_logits    = impl_->origin_own = s.own_logits;
+    impl_->n_past        = impl_->origin_n_past = s.n_past;
+}
+
+void sequence::rewind() {
+    if (!llama_memory_seq_rm(llama_get_memory(impl_->ctx.get()), 0, impl_->origin_n_past, -1)) {
+        throw error("llama.cpp cannot remove the decoded tokens of this sequence");
+    }
+    impl_->n_past     = impl_->origin_n_past;
+    impl_->logits     = impl_->origin_logits;
+    impl_->own_logits = impl_->origin_own;
 }
 
 }  // namespace ecokv::llama

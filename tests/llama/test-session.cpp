@@ -143,6 +143,13 @@ TEST(session, snapshots_restore_in_place_and_resume_elsewhere) {
     comp.restore(origin);
     EXPECT_EQ(comp.n_past(), 30);
     EXPECT_EQ(comp.answer({ 3, 4 }, 6, true).tokens, first.tokens);
+    comp.rewind();  // removes what was decoded since the compression, without a copy
+    EXPECT_EQ(comp.n_past(), 30);
+    const auto rewound = comp.answer({ 3, 4 }, 6, true);
+    ASSERT_EQ(rewound.logits.size(), first.logits.size());
+    for (size_t i = 0; i < first.logits.size(); ++i) {
+        EXPECT_EQ(rewound.logits[i], first.logits[i]) << "step " << i;
+    }
     el::sequence moved = f.s.resume(origin, 16);
     EXPECT_EQ(moved.n_cells(), comp.n_cells());
     const auto again = moved.answer({ 3, 4 }, 6, true);

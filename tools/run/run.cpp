@@ -131,33 +131,34 @@ bool parse(int argc, char ** argv, run_options & o) {
     return true;
 }
 
-// One answer from the compressed cache (restored to its state after compression), and with --compare-full the
-// full cache's answer and the compressed cache's fidelity to it.
-json answer(const el::session & s, el::sequence & comp, const el::snapshot & comp_origin, el::sequence * full,
-            const el::snapshot * full_origin, const std::vector<llama_token> & question, int32_t n_predict,
-            double & decode_s, int64_t & n_decoded) {
-    comp.restore(comp_origin);
-    const el::generation gen = comp.answer(question, n_predict);
-    decode_s += gen.seconds;
-    n_decoded += int64_t(gen.tokens.size());
-    json a = { { "text", s.detokenize(gen.tokens) } };
+// One question: the compressed cache's answer and, with --compare-full, the full cache's answer and the compressed
+// cache's fidelity to it. Each cache is rewound to its state after the prompt first.
+struct answered {
+    json                j;
+    el::generation      gen;
+    el::fidelity_report fidelity;
+};
+
+answered answer(const el::session & s, el::sequence & comp, el::sequence * full,
+                const std::vector<llama_token> & question, int32_t n_predict) {
+    answered a;
+    comp.rewind();
+    a.gen = comp.answer(question, n_predict);
+    a.j   = { { "text", s.detokenize(a.gen.tokens) } };
     if (full != nullptr) {
-        if (full_origin != nullptr) {
-            full->restore(*full_origin);
-        }
+        full->rewind();
         const el::reference ref = { full->answer(question, n_predict, true), {} };
-        comp.restore(comp_origin);
-        const el::fidelity_report f = comp.fidelity(question, ref);
-        a["full_text"]              = s.detokenize(ref.answer.tokens);
-        a["agreement"]              = f.n ? json(f.agreement) : json(nullptr);
-        a["mean_kl"]                = f.n ? json(f.mean_kl) : json(nullptr);
-        a["compared"]               = f.n;
+        comp.rewind();
+        a.fidelity         = comp.fidelity(question, ref);
+        a.j["full_text"]   = s.detokenize(ref.answer.tokens);
+        a.j["agreement"]   = a.fidelity.n ? json(a.fidelity.agreement) : json(nullptr);
+        a.j["mean_kl"]     = a.fidelity.n ? json(a.fidelity.mean_kl) : json(nullptr);
     }
     return a;
 }
 
 json run(const run_options & o) {
-    const el::session   s(o.session);
+    const el::session      s(o.session);
     const el::prompt_parts parts = o.questions.empty() ? el::prompt_parts{ s.chat_prompt(o.text), "" }
                                                        : s.split_prompt(o.text);
     std::vector<std::vector<llama_token>> questions;
@@ -178,43 +179,37 @@ json run(const run_options & o) {
     if (!o.dump_capture.empty()) {
         ecokv::write_capture(o.dump_capture, full->capture());
     }
-    el::sequence   comp    = full->compress(o.spec, o.params, n_extra);
-    const auto &   ci      = comp.compression();
-    json           out     = {
-        { "model", s.description() },           { "method", ci.sel.method },
-        { "budget", o.params.budget },          { "window", ci.sel.window },
-        { "prompt_tokens", full->n_prompt() },  { "image_tokens", full->n_media() },
-        { "kv_bytes_full", full->kv_bytes_allocated() },  { "kv_bytes_compressed", comp.kv_bytes_allocated() },
-        { "kv_bytes_prompt", full->kv_bytes_kept() },     { "kv_bytes_kept", comp.kv_bytes_kept() },
-        { "cells_per_head", comp.n_cells() },   { "prefill_s", full->prefill_seconds() },
+    el::sequence comp = full->compress(o.spec, o.params, n_extra);
+    const auto & ci   = comp.compression();
+    json         out  = {
+        { "model", s.description() },                    { "method", ci.sel.method },
+        { "budget", o.params.budget },                   { "window", ci.sel.window },
+        { "prompt_tokens", full->n_prompt() },           { "image_tokens", full->n_media() },
+        { "kv_bytes_full", full->kv_bytes_allocated() }, { "kv_bytes_compressed", comp.kv_bytes_allocated() },
+        { "kv_bytes_prompt", full->kv_bytes_kept() },    { "kv_bytes_kept", comp.kv_bytes_kept() },
+        { "cells_per_head", comp.n_cells() },            { "prefill_s", full->prefill_seconds() },
         { "compress_s", ci.select_seconds + ci.rebuild_seconds },
-        { "select_s", ci.select_seconds },      { "rebuild_s", ci.rebuild_seconds },
+        { "select_s", ci.select_seconds },               { "rebuild_s", ci.rebuild_seconds },
     };
     full->release_capture();
     if (!o.compare_full) {
         full.reset();
     }
-    const el::snapshot                comp_origin = comp.save();
-    const std::optional<el::snapshot> full_origin =
-        full && questions.size() > 1 ? std::optional<el::snapshot>(full->save()) : std::nullopt;
 
     json    answers  = json::array();
     double  decode_s = 0, agreement = 0, mean_kl = 0;
     int64_t n_decoded = 0, n_compared = 0;
     for (size_t qi = 0; qi < questions.size(); ++qi) {
-        json a = answer(s, comp, comp_origin, full ? &*full : nullptr, qi > 0 && full_origin ? &*full_origin : nullptr,
-                        questions[qi], o.n_predict, decode_s, n_decoded);
-        if (a.contains("compared")) {
-            const int32_t n = a["compared"];
-            agreement += n ? a["agreement"].get<double>() * n : 0.0;
-            mean_kl += n ? a["mean_kl"].get<double>() * n : 0.0;
-            n_compared += n;
-            a.erase("compared");
-        }
+        answered a = answer(s, comp, full ? &*full : nullptr, questions[qi], o.n_predict);
+        decode_s += a.gen.seconds;
+        n_decoded += int64_t(a.gen.tokens.size());
+        agreement += a.fidelity.agreement * a.fidelity.n;
+        mean_kl += a.fidelity.mean_kl * a.fidelity.n;
+        n_compared += a.fidelity.n;
         if (!o.questions.empty()) {
-            a["question"] = o.questions[qi];
+            a.j["question"] = o.questions[qi];
         }
-        answers.push_back(a);
+        answers.push_back(a.j);
     }
     out["text"]                = answers[0]["text"];
     out["answers"]             = answers;

@@ -201,8 +201,11 @@ class sequence {
     // counts only when its distribution was computed on this cache (the question was decoded here).
     fidelity_report fidelity(const std::vector<llama_token> & question, const reference & full);
 
+    // Back to the state right after the prompt, the compression or the resumed snapshot: every token decoded since
+    // is removed from the cache (no copy; the cells keep their places).
+    void     rewind();
     snapshot save() const;
-    void     restore(const snapshot & s);  // must fit this sequence's context
+    void     restore(const snapshot & s);  // must fit this sequence's context; rewind() then comes back to it
 
   private:
     friend class session;
