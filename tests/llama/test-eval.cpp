@@ -143,6 +143,33 @@ TEST(eval, metric_option_replaces_the_datasets) {
         << describe(r);
 }
 
+// Every option that changes results is in config.json: resuming with another window, alpha or n-predict is refused.
+TEST(eval, resuming_with_other_method_options_is_refused) {
+    const eval_fixture             f;
+    const std::string              out   = f.dir / "opts";
+    const std::vector<std::string> small = { "--limit", "1", "--methods", "snapkv+ecokv", "--budgets", "10" };
+    const auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.begin(), small.begin(), small.end());
+        return extra;
+    };
+    ASSERT_EQ(f.eval(out, small).code, 0);
+    const json config = json::parse(read_file(out + "/config.json"));
+    EXPECT_EQ(config["window"], 2);
+    EXPECT_EQ(config["alpha"], 0.8);
+    EXPECT_EQ(config["n_predict"], 4);
+    const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+        { with({ "--window", "3" }), "describes another run (window 2 there, 3 here)" },
+        { with({ "--alpha", "0.5" }), "describes another run (alpha 0.8 there, 0.5 here)" },
+        { with({ "--kernel", "7" }), "describes another run (kernel 5 there, 7 here)" },
+        { with({ "-n", "5" }), "describes another run (n_predict 4 there, 5 here)" },
+    };
+    for (const auto & [extra, message] : cases) {
+        const run_result r = f.eval(out, extra);  // later options win over the fixture's
+        EXPECT_EQ(r.code, 1) << describe(r);
+        EXPECT_TRUE(contains(r.err, message)) << describe(r);
+    }
+}
+
 TEST(eval, bad_options_are_rejected) {
     const eval_fixture f;
     const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
