@@ -7,9 +7,6 @@
 namespace ecokv {
 
 namespace {
-log_callback g_log_callback  = nullptr;
-void *       g_log_user_data = nullptr;
-
 std::string vformat(const char * fmt, va_list args) {
     va_list copy;
     va_copy(copy, args);
@@ -21,27 +18,11 @@ std::string vformat(const char * fmt, va_list args) {
 }
 }  // namespace
 
-void log_set(log_callback callback, void * user_data) {
-    g_log_callback  = callback;
-    g_log_user_data = user_data;
-}
-
 namespace detail {
 
 void assert_fail(const char * file, int line, const char * expr) {
     std::fprintf(stderr, "%s:%d: ECOKV_ASSERT(%s) failed\n", file, line, expr);
     std::abort();
-}
-
-void log_line(log_level level, const char * fmt, ...) {
-    if (g_log_callback == nullptr) {
-        return;
-    }
-    va_list args;
-    va_start(args, fmt);
-    const std::string text = vformat(fmt, args);
-    va_end(args);
-    g_log_callback(level, text.c_str(), g_log_user_data);
 }
 
 std::string format(const char * fmt, ...) {

@@ -1,5 +1,5 @@
-// The `ecokv` binary end to end: help and usage, synth-capture, compress, and every user error: exit status 1,
-// a message naming the file/option/tensor at fault on stderr, and no output file (nor temporary) left behind.
+// The `ecokv` binary end to end: help and usage, synth-capture, compress, report, and every user error: exit
+// status 1, a message naming the file/option/tensor at fault on stderr, and no output file (nor temporary) left behind.
 #include "test-util.h"
 #include "ecokv/ecokv.h"
 
@@ -16,8 +16,10 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 namespace {
 
@@ -531,6 +533,132 @@ TEST(cli, compress_reads_the_golden_capture) {
                       (std::vector<int32_t>{ 48, 49, 50, 51, 52, 53, 54, 55 }));
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// report
+
+// An `ecokv eval` results directory written by hand: exact match on items q0..q3 (answer "a<i>"); method m at
+// budget b answers the first n[m, b] items right and the others wrong. FullKV answers all 4 right.
+std::string write_results(const temp_dir & dir, bool with_mixkv = true) {
+    const std::string out = dir / "run";
+    fs::create_directories(out);
+    write_file(out + "/config.json", json{ { "dataset", "generated" }, { "metric", "exact" } }.dump());
+    const std::vector<std::tuple<std::string, int, int>> correct = {
+        { "full", 0, 4 },              // 100
+        { "uniform+snapkv", 64, 3 },   // 75
+        { "uniform+snapkv", 32, 2 },   // 50
+        { "uniform+mixkv", 64, 2 },    // 50
+        { "uniform+mixkv", 32, 1 },    // 25
+        { "pyramidkv+ecokv", 64, 4 },  // 100
+        { "pyramidkv+ecokv", 32, 3 },  // 75
+    };
+    std::string lines;
+    for (int i = 0; i < 4; ++i) {
+        for (const auto & [method, budget, n] : correct) {
+            if (method == "uniform+mixkv" && !with_mixkv) {
+                continue;
+            }
+            const std::string answer = "a" + std::to_string(i);
+            const json        line   = { { "id", "q" + std::to_string(i) },
+                                         { "method", method },
+                                         { "budget", budget },
+                                         { "prediction", i < n ? answer : "x" },
+                                         { "answers", { answer } } };
+            lines += line.dump() + "\n";
+        }
+    }
+    write_file(out + "/results.jsonl", lines);
+    return out;
+}
+
+// The (method, budget) -> delta pairs of report.json; FullKV has none, nor has the baseline.
+std::map<std::pair<std::string, int>, double> deltas(const json & table) {
+    std::map<std::pair<std::string, int>, double> out;
+    for (const json & s : table["scores"]) {
+        if (s.contains("delta")) {
+            out[{ s["method"].get<std::string>(), s["budget"].get<int>() }] = s["delta"].get<double>();
+        }
+    }
+    return out;
+}
+
+TEST(cli, report_deltas_default_to_mixkv) {
+    temp_dir          dir;
+    const std::string run = write_results(dir);
+    const run_result  r   = run_cli(dir.path().string(), { "report", run });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    const json table = json::parse(read_file(run + "/report.json"))["generated"];
+    EXPECT_EQ(table["baseline"], "uniform+mixkv");
+    using key = std::pair<std::string, int>;
+    EXPECT_EQ(deltas(table), (std::map<key, double>{ { { "uniform+snapkv", 64 }, 75.0 - 50 },
+                                                     { { "uniform+snapkv", 32 }, 50.0 - 25 },
+                                                     { { "pyramidkv+ecokv", 64 }, 100.0 - 50 },
+                                                     { { "pyramidkv+ecokv", 32 }, 75.0 - 25 } }));
+    EXPECT_TRUE(contains(r.out, "| uniform+mixkv | 50.0 | 25.0 |")) << r.out;
+    EXPECT_TRUE(contains(r.out, "| uniform+snapkv | 75.0 (+25.0) | 50.0 (+25.0) |")) << r.out;
+    EXPECT_TRUE(contains(read_file(run + "/report.csv"), "dataset,metric,method,budget,score,n,delta_vs_mixkv\n"));
+}
+
+TEST(cli, report_deltas_against_another_baseline) {
+    temp_dir          dir;
+    const std::string run = write_results(dir);
+    using key             = std::pair<std::string, int>;
+    // "snapkv" names uniform+snapkv, as everywhere else.
+    for (const char * name : { "snapkv", "uniform+snapkv", "snapkv+snapkv" }) {
+        const run_result r = run_cli(dir.path().string(), { "report", run, "--baseline", name });
+        ASSERT_EQ(r.code, 0) << describe(r);
+        const json table = json::parse(read_file(run + "/report.json"))["generated"];
+        EXPECT_EQ(table["baseline"], "uniform+snapkv");
+        EXPECT_EQ(deltas(table), (std::map<key, double>{ { { "uniform+mixkv", 64 }, 50.0 - 75 },
+                                                         { { "uniform+mixkv", 32 }, 25.0 - 50 },
+                                                         { { "pyramidkv+ecokv", 64 }, 100.0 - 75 },
+                                                         { { "pyramidkv+ecokv", 32 }, 75.0 - 50 } }))
+            << name;
+        EXPECT_TRUE(contains(r.out, "| uniform+snapkv | 75.0 | 50.0 |")) << r.out;
+        EXPECT_TRUE(contains(r.out, "| uniform+mixkv | 50.0 (-25.0) | 25.0 (-25.0) |")) << r.out;
+        EXPECT_TRUE(contains(r.out, "| pyramidkv+ecokv | 100.0 (+25.0) | 75.0 (+25.0) |")) << r.out;
+        const std::string csv = read_file(run + "/report.csv");
+        EXPECT_TRUE(contains(csv, "dataset,metric,method,budget,score,n,delta_vs_snapkv\n")) << csv;
+        EXPECT_TRUE(contains(csv, "generated,exact,uniform+mixkv,64,50,4,-25.000000\n")) << csv;
+    }
+    // FullKV (100 at every budget) as the baseline.
+    const run_result r = run_cli(dir.path().string(), { "report", run, "--baseline", "full" });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    const json table = json::parse(read_file(run + "/report.json"))["generated"];
+    EXPECT_EQ(table["baseline"], "FullKV");
+    EXPECT_EQ(deltas(table), (std::map<key, double>{ { { "uniform+snapkv", 64 }, -25.0 },
+                                                     { { "uniform+snapkv", 32 }, -50.0 },
+                                                     { { "uniform+mixkv", 64 }, -50.0 },
+                                                     { { "uniform+mixkv", 32 }, -75.0 },
+                                                     { { "pyramidkv+ecokv", 64 }, 0.0 },
+                                                     { { "pyramidkv+ecokv", 32 }, -25.0 } }));
+}
+
+// Without uniform+mixkv in the results the default baseline gives no deltas; a baseline named on the command line
+// must be in the results, and must be a method.
+TEST(cli, report_baseline_absent_or_unknown) {
+    temp_dir          dir;
+    const std::string run = write_results(dir);
+    run_result        r   = run_cli(dir.path().string(), { "report", run, "--baseline", "pyramidkv" });
+    EXPECT_EQ(r.code, 1) << describe(r);
+    EXPECT_TRUE(contains(r.err, "ecokv report: error: --baseline pyramidkv+snapkv: no results for it in the "
+                                "directories given; methods there: full, uniform+snapkv, uniform+mixkv, "
+                                "pyramidkv+ecokv"))
+        << describe(r);
+    r = run_cli(dir.path().string(), { "report", run, "--baseline", "mixk" });
+    EXPECT_EQ(r.code, 1) << describe(r);
+    EXPECT_TRUE(contains(r.err, "ecokv report: error: --baseline: unknown method 'mixk'; known: ")) << describe(r);
+
+    temp_dir          other;
+    const std::string no_mixkv = write_results(other, false);
+    r                          = run_cli(other.path().string(), { "report", no_mixkv });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_TRUE(deltas(json::parse(read_file(no_mixkv + "/report.json"))["generated"]).empty());
+    EXPECT_TRUE(contains(r.out, "| uniform+snapkv | 75.0 | 50.0 |")) << r.out;
+    r = run_cli(other.path().string(), { "report", no_mixkv, "--baseline", "mixkv" });
+    EXPECT_EQ(r.code, 1) << describe(r);
+    EXPECT_TRUE(contains(r.err, "--baseline uniform+mixkv: no results for it")) << describe(r);
 }
 
 }  // namespace

@@ -81,6 +81,20 @@ TEST(dataset_registry, lists_every_dataset_in_order_with_a_registered_metric) {
     EXPECT_EQ(ecokv::find_dataset("niah").metric, "exact");
 }
 
+// Only the generated niah needs no directory; every other reader refuses an empty one.
+TEST(dataset_registry, only_niah_needs_no_directory) {
+    strings without;
+    for (const auto & d : ecokv::list_datasets()) {
+        if (!d.needs_directory) {
+            without.push_back(d.name);
+        } else {
+            EXPECT_EQ(error_of([&] { ecokv::load_dataset(d.name, ""); }), d.name + ": no dataset directory given");
+        }
+    }
+    EXPECT_EQ(without, (strings{ "niah" }));
+    EXPECT_EQ(ecokv::load_dataset("niah", "").size(), 20u);  // niah_params::count by default
+}
+
 TEST(dataset_registry, unknown_names_list_the_known_ones) {
     const std::string want = "unknown dataset 'vqav2'; known: ocrbench, chartqa, textvqa, docvqa, textcaps, "
                              "mpdocvqa, milebench, generated, niah";

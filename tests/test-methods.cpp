@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <unistd.h>
@@ -98,7 +99,7 @@ TEST_P(methods, selections_are_valid_deterministic_and_keep_the_window) {
     const auto p   = params(48);
     const auto one = ecokv::compress(capture().view(), spec(), p, { 1 });
     const auto two = ecokv::compress(capture().view(), spec(), p, { 2 });
-    const bool fixed = spec().allocator == "uniform" || spec().allocator == "lookm";
+    const bool fixed = ecokv::find_allocator(spec().allocator).fixed_budget;  // pinned in registry.rows_by_hand
     for (size_t il = 0; il < one.layers.size(); ++il) {
         for (size_t ig = 0; ig < one.layers[il].size(); ++ig) {
             const auto & kept = one.layers[il][ig].kept;
@@ -165,6 +166,95 @@ TEST(registry, lists_every_spec_method) {
                             "streamingllm", "random", "uniform", "pyramidkv", "adakv", "sparsemm", "madakv", "lookm" }) {
         EXPECT_TRUE(names.count(n)) << n;
     }
+}
+
+// What every registry row must say, written by hand from the papers and SPEC rather than read from the registry:
+// a new method adds its line here.
+struct scorer_row {
+    int32_t window;        // default observation window N
+    bool    full_queries;  // accumulated attention over every prompt query
+};
+
+struct allocator_row {
+    bool full_queries, modality, head_scores, fixed_budget;
+};
+
+const std::map<std::string, scorer_row> k_scorer_rows = {
+    { "snapkv", { 32, false } },      { "knorm", { 32, false } },   { "knorm-only", { 32, false } },
+    { "vnorm", { 32, false } },       { "keydiff", { 32, false } }, { "manifoldkv", { 32, false } },
+    { "mixkv", { 32, false } },       { "ecokv", { 4, false } },    { "h2o", { 32, true } },
+    { "streamingllm", { 4, false } }, { "random", { 32, false } },
+};
+
+const std::map<std::string, allocator_row> k_allocator_rows = {
+    // full queries, modality, head scores, fixed budget
+    { "uniform", { false, false, false, true } }, { "pyramidkv", { false, false, false, false } },
+    { "adakv", { false, false, false, false } },  { "sparsemm", { false, false, true, false } },
+    { "madakv", { false, true, false, false } },  { "lookm", { false, true, false, true } },
+};
+
+TEST(registry, rows_by_hand) {
+    std::set<std::string> scorers, allocators;
+    for (const auto & s : ecokv::scorer_registry()) {
+        scorers.insert(s.name);
+        EXPECT_TRUE(k_scorer_rows.count(s.name)) << s.name << " is registered but missing from k_scorer_rows";
+    }
+    for (const auto & a : ecokv::allocator_registry()) {
+        allocators.insert(a.name);
+        EXPECT_TRUE(k_allocator_rows.count(a.name)) << a.name << " is registered but missing from k_allocator_rows";
+    }
+    EXPECT_EQ(scorers.size(), k_scorer_rows.size());
+    EXPECT_EQ(allocators.size(), k_allocator_rows.size());
+    for (const auto & m : ecokv::list_methods()) {
+        EXPECT_EQ(m.fixed_budget, m.kind == "allocator" && k_allocator_rows.at(m.name).fixed_budget) << m.name;
+    }
+    for (const auto & a : ecokv::allocator_registry()) {
+        EXPECT_EQ(a.fixed_budget, k_allocator_rows.at(a.name).fixed_budget) << a.name;
+    }
+}
+
+// requirements() of every allocator x scorer is the union of the two rows; the window is the scorer's default
+// unless params.window is set.
+TEST(registry, requirements_follow_the_rows) {
+    for (const auto & [a, ar] : k_allocator_rows) {
+        for (const auto & [s, sr] : k_scorer_rows) {
+            const ecokv::method_spec spec{ a, s };
+            for (int32_t window : { -1, 7 }) {
+                ecokv::method_params p;
+                p.window                              = window;
+                const ecokv::method_requirements r    = ecokv::requirements(spec, p);
+                const std::string                what = a + "+" + s + " window " + std::to_string(window);
+                EXPECT_EQ(r.n_window_queries, window < 0 ? sr.window : window) << what;
+                EXPECT_EQ(r.full_queries, sr.full_queries || ar.full_queries) << what;
+                EXPECT_EQ(r.modality, ar.modality) << what;
+                EXPECT_EQ(r.head_scores, ar.head_scores) << what;
+            }
+        }
+    }
+    // The bare names, as the README lists their needs.
+    const auto bare = [](const char * name) { return ecokv::requirements(ecokv::parse_method(name), {}); };
+    EXPECT_TRUE(bare("h2o").full_queries);
+    EXPECT_TRUE(bare("lookm").full_queries);  // lookm+h2o
+    EXPECT_TRUE(bare("lookm").modality);
+    EXPECT_TRUE(bare("madakv").modality);
+    EXPECT_FALSE(bare("madakv").full_queries);
+    EXPECT_TRUE(bare("sparsemm").head_scores);
+    EXPECT_EQ(bare("ecokv").n_window_queries, 4);
+    EXPECT_EQ(bare("pyramidkv").n_window_queries, 32);
+}
+
+// One capture serving several methods needs the union of their needs and the largest window.
+TEST(registry, requirements_union) {
+    ecokv::method_requirements r = ecokv::requirements(ecokv::parse_method("ecokv"), {});
+    r |= ecokv::requirements(ecokv::parse_method("sparsemm"), {});
+    EXPECT_EQ(r.n_window_queries, 32);
+    EXPECT_TRUE(r.head_scores);
+    EXPECT_FALSE(r.full_queries);
+    EXPECT_FALSE(r.modality);
+    r |= ecokv::requirements(ecokv::parse_method("lookm"), {});
+    EXPECT_TRUE(r.full_queries);
+    EXPECT_TRUE(r.modality);
+    EXPECT_TRUE(r.head_scores);
 }
 
 TEST(registry, grammar_and_aliases) {

@@ -43,6 +43,28 @@ TEST(metric_registry, lists_every_metric_in_order) {
     EXPECT_EQ(names, (strings{ "exact", "relaxed", "vqa", "anls", "chars", "cider", "rougel", "ocrbench" }));
 }
 
+// The rows the evaluation runner reads instead of metric names: chars scores the whole output (transcriptions
+// span lines), cider has no per-item score (its idf comes from the whole corpus).
+TEST(metric_registry, whole_output_and_corpus_only_rows) {
+    strings whole, corpus;
+    for (const auto & m : ecokv::list_metrics()) {
+        if (m.whole_output) {
+            whole.push_back(m.name);
+        }
+        if (m.corpus_only) {
+            corpus.push_back(m.name);
+        }
+    }
+    EXPECT_EQ(whole, (strings{ "chars" }));
+    EXPECT_EQ(corpus, (strings{ "cider" }));
+    EXPECT_TRUE(ecokv::find_metric("chars").whole_output);
+    EXPECT_FALSE(ecokv::find_metric("chars").corpus_only);
+    EXPECT_TRUE(ecokv::find_metric("cider").corpus_only);
+    EXPECT_FALSE(ecokv::find_metric("cider").whole_output);
+    EXPECT_FALSE(ecokv::find_metric("exact").whole_output);
+    EXPECT_FALSE(ecokv::find_metric("exact").corpus_only);
+}
+
 TEST(metric_registry, unknown_names_list_the_known_ones) {
     const std::string want = "unknown metric 'bleu'; known: exact, relaxed, vqa, anls, chars, cider, rougel, ocrbench";
     EXPECT_EQ(error_of([] { ecokv::find_metric("bleu"); }), want);

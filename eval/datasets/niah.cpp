@@ -14,7 +14,7 @@
 //   runner. The config file niah.json, if any, sets niah_params; "haystack_file" is relative to its directory.
 #include "datasets/dataset-impl.h"
 #include "ecokv/error.h"
-#include "kernels/hash.h"
+#include "ecokv/hash.h"
 
 #include <cmath>
 #include <fstream>
@@ -46,7 +46,7 @@ using detail::fs::path;
 // A counter-based stream: the same (seed, item) gives the same draws whatever else is generated.
 struct draw {
     uint64_t ctr;
-    uint64_t next() { return kernels::splitmix64(ctr++); }
+    uint64_t next() { return splitmix64(ctr++); }
     size_t   below(size_t n) { return size_t(next() % n); }
 };
 
@@ -108,7 +108,7 @@ std::vector<std::string> read_sentences(const std::string & file) {
 }
 
 eval_item make_item(const niah_params & p, const std::vector<std::string> & file_sentences, int32_t i) {
-    draw           d{ kernels::splitmix64(p.seed ^ kernels::splitmix64(uint64_t(i))) };
+    draw           d{ splitmix64(p.seed ^ splitmix64(uint64_t(i))) };
     const int32_t  il     = (i / p.n_depths) % p.n_lengths;
     const int32_t  idep   = i % p.n_depths;
     const size_t   target = size_t(int64_t(p.context_words) * (il + 1) / p.n_lengths);

@@ -4,7 +4,6 @@
 #include "ecokv/capture.h"
 #include "ecokv/compress.h"
 #include "ecokv/error.h"
-#include "ecokv/log.h"
 #include "ecokv/method.h"
 #include "ecokv/safetensors.h"
 #include "ecokv/synth.h"

@@ -1,7 +1,9 @@
 // ecokv report: merge the results of `ecokv eval` runs (shards, resumed runs) into a table shaped like the
-// papers' Table 1: methods x budgets with the run's metric, FullKV first, deltas against MixKV.
+// papers' Table 1: methods x budgets with the run's metric, FullKV first, deltas against a baseline method
+// (--baseline, MixKV by default as in the ECOKV paper).
 #include "common/args.h"
 #include "ecokv/error.h"
+#include "ecokv/method.h"
 #include "ecokv/metrics.h"
 #include "ecokv/safetensors.h"
 
@@ -113,6 +115,24 @@ void table_header(std::ostringstream & md, const std::vector<int32_t> & budgets)
 
 std::string label(const std::string & method) { return method == "full" ? "FullKV" : method; }
 
+// The canonical name of a --baseline value: "full" (FullKV) or a method (mixkv -> uniform+mixkv).
+std::string baseline_method(const std::string & text) {
+    if (text == "full") {
+        return text;
+    }
+    try {
+        return ecokv::parse_method(text).name();
+    } catch (const error & e) {
+        throw error("--baseline: " + std::string(e.what()));
+    }
+}
+
+// The CSV column of the deltas: delta_vs_mixkv for uniform+mixkv (a bare scorer), delta_vs_full, ...
+std::string delta_column(const std::string & baseline) {
+    const std::string uniform = "uniform+";
+    return "delta_vs_" + (baseline.rfind(uniform, 0) == 0 ? baseline.substr(uniform.size()) : baseline);
+}
+
 }  // namespace
 
 int ecokv_report(int argc, char ** argv) {
@@ -122,6 +142,7 @@ int ecokv_report(int argc, char ** argv) {
         options.add_options()
             ("dirs", "results directories", cxxopts::value<std::vector<std::string>>())
             ("out", "write OUT.md, OUT.csv and OUT.json (default: report.* in the first directory)", cxxopts::value<std::string>())
+            ("baseline", "the deltas are against this method (any method name, or full for FullKV; default uniform+mixkv)", cxxopts::value<std::string>())
             ("h,help", "show this help");
         // clang-format on
         options.parse_positional({ "dirs" });
@@ -133,13 +154,29 @@ int ecokv_report(int argc, char ** argv) {
         }
         ecokv::tools::require(args, { "dirs" });
         const auto dirs = args["dirs"].as<std::vector<std::string>>();
+        const std::string baseline =
+            baseline_method(args.count("baseline") ? args["baseline"].as<std::string>() : "uniform+mixkv");
         std::map<std::string, dataset_results> all;
         for (const std::string & d : dirs) {
             read_dir(d, all);
         }
+        // Without its baseline a table has no deltas; a baseline asked for by name must be somewhere.
+        if (args.count("baseline") && std::none_of(all.begin(), all.end(), [&](const auto & d) {
+                const auto & order = d.second.method_order;
+                return std::find(order.begin(), order.end(), baseline) != order.end();
+            })) {
+            std::string known;
+            for (const auto & [dataset, res] : all) {
+                for (const std::string & m : res.method_order) {
+                    known += (known.empty() ? "" : ", ") + m;
+                }
+            }
+            throw error("--baseline " + baseline +
+                        ": no results for it in the directories given; methods there: " + known);
+        }
         std::ostringstream md, csv;
         json               js = json::object();
-        csv << "dataset,metric,method,budget,score,n,delta_vs_mixkv\n";
+        csv << "dataset,metric,method,budget,score,n," << delta_column(baseline) << "\n";
         for (auto & [dataset, res] : all) {
             std::vector<int32_t> budgets;
             for (const auto & [k, v] : res.items) {
@@ -159,7 +196,6 @@ int ecokv_report(int argc, char ** argv) {
                 const ecokv::metric_result r = ecokv::evaluate(res.metric, items);
                 score[k]                     = { 100.0 * r.score, r.n };
             }
-            const std::string mixkv = "uniform+mixkv";
             md << "## " << dataset << " (" << res.metric << ", x100)\n\n";
             table_header(md, budgets);
             for (const std::string & m : res.method_order) {
@@ -174,19 +210,26 @@ int ecokv_report(int argc, char ** argv) {
                     char         buf[64];
                     std::snprintf(buf, sizeof buf, " %.1f", s);
                     md << buf;
-                    std::string delta;
-                    if (m != mixkv && m != "full" && score.count({ mixkv, b })) {
-                        std::snprintf(buf, sizeof buf, " (%+.1f)", s - score[{ mixkv, b }].first);
+                    std::string    delta;
+                    const cell_key base{ baseline, baseline == "full" ? 0 : b };
+                    if (m != baseline && m != "full" && score.count(base)) {
+                        std::snprintf(buf, sizeof buf, " (%+.1f)", s - score[base].first);
                         md << buf;
-                        delta = std::to_string(s - score[{ mixkv, b }].first);
+                        delta = std::to_string(s - score[base].first);
                     }
                     md << " |";
                     if (m != "full" || b == budgets.front()) {
                         csv << dataset << "," << res.metric << "," << label(m) << "," << k.budget << "," << s << ","
                             << score[k].second << "," << delta << "\n";
-                        js[dataset]["metric"] = res.metric;
-                        js[dataset]["scores"].push_back(
-                            { { "method", label(m) }, { "budget", k.budget }, { "score", s }, { "n", score[k].second } });
+                        js[dataset]["metric"]   = res.metric;
+                        js[dataset]["baseline"] = label(baseline);
+
+                        json row = { { "method", label(m) }, { "budget", k.budget }, { "score", s } };
+                        row["n"] = score[k].second;
+                        if (!delta.empty()) {
+                            row["delta"] = s - score[base].first;
+                        }
+                        js[dataset]["scores"].push_back(row);
                     }
                 }
                 md << "\n";

@@ -29,9 +29,10 @@ struct eval_item {
 };
 
 struct dataset_info {
-    std::string name;         // registry name, as given to load_dataset()
-    std::string description;  // one line: benchmark, split and files read
-    std::string metric;       // the name of its metric in list_metrics() (ecokv/metrics.h)
+    std::string name;                    // registry name, as given to load_dataset()
+    std::string description;             // one line: benchmark, split and files read
+    std::string metric;                  // the name of its metric in list_metrics() (ecokv/metrics.h)
+    bool        needs_directory = true;  // false: the items are generated (niah), the directory is optional
 };
 
 // Every registered dataset, in registry order.
@@ -44,7 +45,8 @@ const dataset_info & find_dataset(std::string_view name);
 // Throws ecokv::error naming the file at fault: a missing file, invalid JSON ("val.json:12: invalid JSON at
 // column 5: ..."), a missing or mistyped field with its entry ("val.json: data[3]: missing \"answers\"") or
 // JSONL line ("items.jsonl:4: ..."), no items, a duplicate id, and missing images (their count and the first
-// missing path). `niah` generates its items: `dir` may be empty, or hold an optional niah.json (niah_params).
+// missing path), and an empty `dir` where the dataset needs_directory. `niah` generates its items: `dir` may
+// be empty, or hold an optional niah.json (niah_params).
 std::vector<eval_item> load_dataset(std::string_view name, const std::string & dir);
 
 // The needle-in-a-haystack generator for text models (RULER's niah_single form). Item i hides the needle

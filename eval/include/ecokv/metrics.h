@@ -39,7 +39,7 @@ struct metric_result {
 
 struct metric_info {
     std::string name;
-    std::string description;         // one line: benchmark and reference evaluator
+    std::string description;           // one line: benchmark and reference evaluator
     bool        needs_type   = false;  // every item must carry a non-empty `type`
     bool        whole_output = false;  // scores the whole generated text (transcriptions), not only its first line
     bool        corpus_only  = false;  // no per-item score: only the corpus has one (CIDEr's document frequencies)
