@@ -82,23 +82,37 @@ void check_config(const std::string & path, const json & config) {
     }
 }
 
-// Reads the results already written (resume) and cuts a last line left half-written by a killed run.
+// Reads the results already written (resume). A last line left unterminated or half-written by a killed run or a
+// full disk is cut, so that appending continues after the last complete record; a bad line before other records
+// means the file is not ours to append to.
 std::set<std::string> load_done(const std::string & path) {
     std::set<std::string> done;
-    std::ifstream         in(path);
-    std::string           line;
-    std::streamoff        good_end = 0;
-    while (std::getline(in, line)) {
+    std::ifstream         in(path, std::ios::binary);
+    const std::string     text{ std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>() };
+    size_t                good_end = 0, line_no = 0;
+    for (size_t at = 0; at < text.size(); ++line_no) {
+        const size_t      nl   = text.find('\n', at);
+        const std::string line = text.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+        const bool        rest = nl != std::string::npos && text.find_first_not_of(" \t\r\n", nl) != std::string::npos;
         try {
-            const json j = json::parse(line);
-            done.insert(key(j.at("id"), j.at("method"), j.at("budget")));
-            good_end = in.tellg();
-        } catch (const std::exception &) {
+            if (nl == std::string::npos) {
+                throw error("unterminated");
+            }
+            if (line.find_first_not_of(" \t\r") != std::string::npos) {
+                const json j = json::parse(line);
+                done.insert(key(j.at("id"), j.at("method"), j.at("budget")));
+            }
+            good_end = nl + 1;
+            at       = nl + 1;
+        } catch (const std::exception & e) {
+            if (rest) {
+                throw error(path + ":" + std::to_string(line_no + 1) + ": not a results record (" + e.what() + ")");
+            }
             break;
         }
     }
     in.close();
-    if (fs::exists(path) && std::streamoff(fs::file_size(path)) != good_end && good_end >= 0) {
+    if (good_end < text.size()) {
         fs::resize_file(path, uintmax_t(good_end));
     }
     return done;

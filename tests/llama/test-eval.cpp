@@ -143,6 +143,36 @@ TEST(eval, metric_option_replaces_the_datasets) {
         << describe(r);
 }
 
+// A last record without its newline is cut and computed again (it used to get the next record glued to it); a bad
+// line before other records is refused with the file and line.
+TEST(eval, resume_repairs_the_last_line_and_refuses_a_bad_middle) {
+    const eval_fixture             f;
+    const std::string              out   = f.dir / "glue";
+    const std::vector<std::string> small = { "--methods", "full,snapkv+ecokv", "--budgets", "10" };
+    const auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.begin(), small.begin(), small.end());
+        return extra;
+    };
+    ASSERT_EQ(f.eval(out, with({ "--limit", "2" })).code, 0);
+    std::string text = read_file(out + "/results.jsonl");
+    ASSERT_EQ(text.back(), '\n');
+    write_file(out + "/results.jsonl", text.substr(0, text.size() - 1));  // truncate -s -1
+    const run_result r = f.eval(out, with({ "--limit", "3" }));
+    ASSERT_EQ(r.code, 0) << describe(r);
+    std::istringstream lines(read_file(out + "/results.jsonl"));
+    int                n = 0;
+    for (std::string line; std::getline(lines, line); ++n) {
+        EXPECT_NO_THROW(json::parse(line)) << line;
+    }
+    EXPECT_EQ(n, 6);  // 3 items x (full + one method), each once
+
+    text = read_file(out + "/results.jsonl");
+    write_file(out + "/results.jsonl", "{\"id\": \"x\"\n" + text);
+    const run_result bad = f.eval(out, with({ "--limit", "3" }));
+    EXPECT_EQ(bad.code, 1);
+    EXPECT_TRUE(contains(bad.err, out + "/results.jsonl:1: not a results record")) << describe(bad);
+}
+
 // Every option that changes results is in config.json: resuming with another window, alpha or n-predict is refused.
 TEST(eval, resuming_with_other_method_options_is_refused) {
     const eval_fixture             f;
