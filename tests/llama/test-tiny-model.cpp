@@ -517,6 +517,125 @@ TEST(TinyModelConfig, RejectsBadConfigs) {
     c.arch             = "qwen2vl";
     c.rope_sections[3] = 1;
     EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+    c             = {};
+    c.weight_type = "q4_k";
+    EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+    c           = {};
+    c.n_threads = 0;
+    EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+}
+
+// ---- storage options: weight_type, keep_reference_weights, n_threads (bench-decode's models) --------------------
+
+// FNV-1a over every tensor's name, shape and float bits.
+uint64_t fingerprint(const t::tiny_model & m) {
+    uint64_t h   = 1469598103934665603ull;
+    auto     mix = [&](const void * p, size_t n) {
+        for (size_t i = 0; i < n; ++i) {
+            h = (h ^ static_cast<const unsigned char *>(p)[i]) * 0x100000001b3ull;
+        }
+    };
+    for (const auto & [name, tt] : m.tensors()) {
+        mix(name.data(), name.size());
+        mix(tt.ne.data(), sizeof tt.ne);
+        mix(tt.data.data(), tt.data.size() * sizeof(float));
+    }
+    return h;
+}
+
+t::tiny_config wide_config(const std::string & arch) {
+    t::tiny_config c = config_for(arch);
+    c.seed           = 7;
+    c.n_layer = 3, c.n_embd = 128, c.n_head = 4, c.n_head_kv = 4, c.n_ff = 96, c.n_vocab = 200;
+    c.rope_sections = { 4, 6, 6, 0 };
+    return c;
+}
+
+// The weights the tests' tolerances were set on: fingerprints taken with the builder before it learned weight types,
+// chunked filling and threads (one sequential normal() per element).
+TEST_P(TinyModel, WeightsAreThoseOfTheOriginalBuilder) {
+    const bool llama = GetParam() == "llama";
+    EXPECT_EQ(fingerprint(t::make_tiny_model(config_for(GetParam()))),
+              llama ? 0x5f1a1c27a8d1fcdcull : 0x99c485f9a5fac19full);
+    EXPECT_EQ(fingerprint(t::make_tiny_model(wide_config(GetParam()))),
+              llama ? 0xbe900cebd2e82df8ull : 0x8e15631806b23b9aull);
+}
+
+TEST_P(TinyModel, ThreadsDoNotChangeTheWeights) {
+    t::tiny_config c = wide_config(GetParam());
+    const uint64_t one = fingerprint(t::make_tiny_model(c));
+    c.n_threads        = 3;
+    EXPECT_EQ(fingerprint(t::make_tiny_model(c)), one);
+}
+
+// Without the F32 copy the model is the same (bit-identical logits), only tensors() is empty; progress is reported.
+TEST_P(TinyModel, WithoutReferenceWeightsTheModelIsTheSame) {
+    const t::tiny_model ref = t::make_tiny_model(config_for(GetParam()));
+    t::tiny_config      c   = config_for(GetParam());
+    c.keep_reference_weights = false;
+    c.n_threads              = 2;
+    uint64_t done = 0, total = 0;
+    int      calls = 0;
+    c.on_progress  = [&](uint64_t d, uint64_t tot) { done = d, total = tot, ++calls; };
+    const t::tiny_model m = t::make_tiny_model(c);
+    EXPECT_TRUE(m.tensors().empty());
+    EXPECT_THROW(m.embedding(0), std::out_of_range);
+    EXPECT_EQ(m.n_params(), ref.n_params());
+    EXPECT_EQ(m.n_bytes(), ref.n_bytes());
+    EXPECT_GE(calls, int(ref.tensors().size()));  // once per fill (llama's rope_freqs: once per layer)
+    EXPECT_EQ(done, ref.n_bytes());
+    EXPECT_GE(total, done);
+
+    const prompt p = text_prompt(ref);
+    std::vector<float> logits[2];
+    for (int k = 0; k < 2; ++k) {
+        const t::tiny_model & mk  = k == 0 ? ref : m;
+        ctx_ptr               ctx = make_ctx(mk);
+        ASSERT_EQ(t::decode_prompt(ctx.get(), mk, p.tokens, p.positions), 0);
+        logits[k] = last_logits(ctx.get(), mk);
+    }
+    EXPECT_EQ(logits[0], logits[1]);
+}
+
+TEST_P(TinyModel, ReleaseHandsOverTheModel) {
+    t::tiny_model m   = t::make_tiny_model(config_for(GetParam()));
+    llama_model * raw = m.release();
+    EXPECT_NE(raw, nullptr);
+    EXPECT_EQ(m.get(), nullptr);
+    llama_model_free(raw);
+}
+
+// Quantized and F16 matrices: the kept copy is what llama.cpp stores (dequantized), close to the F32 draw, and the
+// reference on it reproduces llama.cpp. llama.cpp's CPU matmul also rounds the activations (to Q8_0 for Q8_0/Q4_0
+// weights, to F16 for F16 ones), which the double-precision reference does not, hence the looser logit bound.
+TEST_P(TinyModel, QuantizedWeightsMatchReference) {
+    const t::tiny_model f32 = t::make_tiny_model(config_for(GetParam()));
+    for (const char * type : { "f16", "q8_0", "q4_0" }) {
+        SCOPED_TRACE(type);
+        t::tiny_config c = config_for(GetParam());
+        c.weight_type    = type;
+        const t::tiny_model m = t::make_tiny_model(c);
+        EXPECT_EQ(m.n_params(), f32.n_params());
+        EXPECT_LT(m.n_bytes(), f32.n_bytes());
+        const t::tiny_tensor & w = m.tensor("blk.1.ffn_up.weight"), & w32 = f32.tensor("blk.1.ffn_up.weight");
+        double max_err = 0, max_abs = 0;
+        for (size_t i = 0; i < w.data.size(); ++i) {
+            max_err = std::max(max_err, std::fabs(double(w.data[i]) - double(w32.data[i])));
+            max_abs = std::max(max_abs, std::fabs(double(w32.data[i])));
+        }
+        const double bound = std::string(type) == "q4_0" ? 0.15 : std::string(type) == "q8_0" ? 0.01 : 1e-3;
+        EXPECT_GT(max_err, 0.0);
+        EXPECT_LT(max_err / max_abs, bound);
+        EXPECT_EQ(m.tensor("blk.1.ffn_norm.weight").data, f32.tensor("blk.1.ffn_norm.weight").data);  // stays F32
+
+        const prompt p   = text_prompt(m);
+        ctx_ptr      ctx = make_ctx(m);
+        ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions), 0);
+        const diff_stats s = compare(last_logits(ctx.get(), m), t::reference_logits(m, p.tokens, p.positions));
+        std::printf("[%s %s] logits vs reference on the stored weights: rel %.3g\n", GetParam().c_str(), type,
+                    s.rel());
+        EXPECT_LT(s.rel(), 3e-2);
+    }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 namespace ecokv::test {
@@ -37,13 +38,6 @@ std::string layer_suffix(const std::string & name) {
 
 // ---- model construction --------------------------------------------------------------------------------------
 
-struct builder {
-    tiny_config                          cfg;
-    std::map<std::string, tiny_tensor> * out = nullptr;
-    std::vector<std::string>             unknown;
-    std::vector<std::string>             bad_type;
-};
-
 enum class init_kind { normal, norm, one, zero, unknown };
 
 struct init_rule {
@@ -51,10 +45,10 @@ struct init_rule {
     double    stdev = 0.0;
 };
 
-init_rule rule_for(const builder & b, const std::string & name, const std::array<int64_t, 4> & ne) {
+init_rule rule_for(const tiny_config & c, const std::string & name, int64_t fan_in_elems) {
     const std::string s       = layer_suffix(name);
-    const double      fan_in  = double(ne[0]);
-    const bool        qwen2vl = b.cfg.arch == "qwen2vl";
+    const double      fan_in  = double(fan_in_elems);
+    const bool        qwen2vl = c.arch == "qwen2vl";
 
     if (ends_with(s, ".scale") || ends_with(s, ".input_scale") || starts_with(s, "rope_freqs") ||
         starts_with(s, "rope_factors")) {
@@ -85,57 +79,190 @@ init_rule rule_for(const builder & b, const std::string & name, const std::array
     return { init_kind::unknown };
 }
 
-void set_tensor_data(ggml_tensor * t, void * ud) {
-    builder &         b    = *static_cast<builder *>(ud);
-    const std::string name = ggml_get_name(t);
-
-    tiny_tensor tt;
-    for (int i = 0; i < 4; ++i) {
-        tt.ne[i] = t->ne[i];
+// Values [first, first + n) of a tensor: element i is the (i+1)-th normal() of the tensor's stream. splitmix64 adds
+// its constant gamma to the state per next() and normal() draws twice, so element i starts from state + 2 i gamma:
+// chunks can be filled in any order, on any thread, with the values of one sequential pass.
+void fill_values(const init_rule & r, uint64_t stream, int64_t first, int64_t n, float * out) {
+    constexpr uint64_t gamma = 0x9e3779b97f4a7c15ull;  // splitmix64::next()'s increment (seeded-random.h)
+    splitmix64         rng{ stream + 2 * uint64_t(first) * gamma };
+    for (int64_t i = 0; i < n; ++i) {
+        switch (r.kind) {
+            case init_kind::normal: out[i] = float(r.stdev * rng.normal()); break;
+            case init_kind::norm: out[i] = float(1.0 + r.stdev * rng.normal()); break;
+            case init_kind::one: out[i] = 1.0f; break;
+            case init_kind::zero:
+            case init_kind::unknown: out[i] = 0.0f; break;
+        }
     }
-    const int64_t n = ggml_nelements(t);
-    tt.data.assign(size_t(n), 0.0f);
+}
 
-    const init_rule r = rule_for(b, name, tt.ne);
+struct builder {
+    tiny_config                          cfg;
+    std::map<std::string, tiny_tensor> * out = nullptr;  // the F32 copies, or null
+    uint64_t                             bytes_total = 0, bytes_done = 0;
+    int64_t                              n_params = 0;
+    std::vector<std::string>             unknown;
+    std::vector<std::string>             bad_type;
+    std::string                          error;  // an exception caught inside the llama.cpp callback
+};
+
+// Fills rows [r0, r0 + nr) of t: F32 values into `f` (the F32 copy's rows when kept, else scratch), converted to the
+// tensor's type in `conv` and written; a kept copy is replaced by what was stored (F16-rounded, dequantized).
+void fill_rows(ggml_tensor * t, const init_rule & r, uint64_t stream, int64_t r0, int64_t nr, float * f,
+               std::vector<uint8_t> & conv, bool keep) {
+    const int64_t n_row  = t->ne[0];
+    const size_t  row_sz = ggml_row_size(t->type, n_row);
+    fill_values(r, stream, r0 * n_row, nr * n_row, f);
+    const void * src = f;
+    if (t->type != GGML_TYPE_F32) {
+        conv.resize(size_t(nr) * row_sz);
+        if (t->type == GGML_TYPE_F16) {
+            ggml_fp32_to_fp16_row(f, reinterpret_cast<ggml_fp16_t *>(conv.data()), nr * n_row);
+        } else {
+            ggml_quantize_chunk(t->type, f, conv.data(), 0, nr, n_row, nullptr);
+        }
+        if (keep) {
+            ggml_get_type_traits(t->type)->to_float(conv.data(), f, nr * n_row);
+        }
+        src = conv.data();
+    }
+    ggml_backend_tensor_set(t, src, size_t(r0) * row_sz, size_t(nr) * row_sz);
+}
+
+void fill_tensor(builder & b, ggml_tensor * t) {
+    const std::string name = ggml_get_name(t);
+    const init_rule   r    = rule_for(b.cfg, name, t->ne[0]);
     if (r.kind == init_kind::unknown) {
         b.unknown.push_back(name);  // left at 0; make_tiny_model throws after loading
     }
-    splitmix64 rng{ b.cfg.seed ^ fnv1a(name) };
-    for (int64_t i = 0; i < n; ++i) {
-        switch (r.kind) {
-            case init_kind::normal:
-                tt.data[size_t(i)] = float(r.stdev * rng.normal());
-                break;
-            case init_kind::norm:
-                tt.data[size_t(i)] = float(1.0 + r.stdev * rng.normal());
-                break;
-            case init_kind::one:
-                tt.data[size_t(i)] = 1.0f;
-                break;
-            case init_kind::zero:
-            case init_kind::unknown:
-                break;
-        }
+    const bool quant = ggml_is_quantized(t->type);
+    if ((t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16 && !quant) ||
+        (quant && t->ne[0] % ggml_blck_size(t->type) != 0)) {
+        b.bad_type.push_back(name);
+        return;
+    }
+    const int64_t n_row = t->ne[0], n_rows = ggml_nrows(t);
+    tiny_tensor   tt;
+    if (b.out) {
+        std::copy(t->ne, t->ne + 4, tt.ne.begin());
+        tt.data.assign(size_t(ggml_nelements(t)), 0.0f);
     }
 
-    if (t->type == GGML_TYPE_F32) {
-        ggml_backend_tensor_set(t, tt.data.data(), 0, ggml_nbytes(t));
-    } else if (t->type == GGML_TYPE_F16) {
-        std::vector<ggml_fp16_t> h(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) {
-            h[size_t(i)]       = ggml_fp32_to_fp16(tt.data[size_t(i)]);
-            tt.data[size_t(i)] = ggml_fp16_to_fp32(h[size_t(i)]);
+    // work items of about 64 Ki values, whole rows (quantization blocks never straddle two items)
+    const int64_t  chunk    = std::max<int64_t>(1, 65536 / n_row);
+    const int64_t  n_chunks = (n_rows + chunk - 1) / chunk;
+    const int      nth      = int(std::clamp<int64_t>(b.cfg.n_threads, 1, n_chunks));
+    const uint64_t stream   = b.cfg.seed ^ fnv1a(name);
+    auto           work     = [&](int ith) {
+        std::vector<float>   scratch(b.out ? 0 : size_t(chunk * n_row));
+        std::vector<uint8_t> conv;
+        for (int64_t ic = ith; ic < n_chunks; ic += nth) {
+            const int64_t r0 = ic * chunk, nr = std::min(chunk, n_rows - r0);
+            float *       f  = b.out ? tt.data.data() + r0 * n_row : scratch.data();
+            fill_rows(t, r, stream, r0, nr, f, conv, b.out != nullptr);
         }
-        ggml_backend_tensor_set(t, h.data(), 0, ggml_nbytes(t));
-    } else {
-        b.bad_type.push_back(name);
+    };
+    std::vector<std::thread> pool;
+    for (int ith = 1; ith < nth; ++ith) {
+        pool.emplace_back(work, ith);
     }
-    (*b.out)[name] = std::move(tt);
+    work(0);
+    for (auto & th : pool) {
+        th.join();
+    }
+
+    b.n_params += ggml_nelements(t);
+    b.bytes_done += ggml_nbytes(t);
+    if (b.out) {
+        (*b.out)[name] = std::move(tt);
+    }
+    if (b.cfg.on_progress) {
+        b.cfg.on_progress(b.bytes_done, std::max(b.bytes_total, b.bytes_done));
+    }
+}
+
+void set_tensor_data(ggml_tensor * t, void * ud) {
+    builder & b = *static_cast<builder *>(ud);
+    try {
+        fill_tensor(b, t);
+    } catch (const std::exception & e) {  // never through llama.cpp's C code
+        if (b.error.empty()) {
+            b.error = std::string(ggml_get_name(t)) + ": " + e.what();
+        }
+    }
 }
 
 struct gguf_deleter {
     void operator()(gguf_context * c) const { gguf_free(c); }
 };
+
+ggml_type matrix_type(const std::string & name) {
+    if (name == "f32") {
+        return GGML_TYPE_F32;
+    }
+    if (name == "f16") {
+        return GGML_TYPE_F16;
+    }
+    if (name == "q8_0") {
+        return GGML_TYPE_Q8_0;
+    }
+    if (name == "q4_0") {
+        return GGML_TYPE_Q4_0;
+    }
+    throw std::invalid_argument("tiny_model: weight_type must be f32, f16, q8_0 or q4_0, not " + name);
+}
+
+// Declares a matrix's type: a model built from user data takes each tensor's type from the gguf context
+// (src/llama-model-loader.cpp, create_tensor with no files), F32 when it is not declared.
+void declare(gguf_context * g, const std::string & name, int64_t ne0, int64_t ne1, ggml_type type) {
+    if (ggml_is_quantized(type) && ne0 % ggml_blck_size(type) != 0) {
+        type = GGML_TYPE_F32;
+    }
+    ggml_tensor t;
+    std::memset(&t, 0, sizeof t);
+    t.type  = type;
+    t.ne[0] = ne0, t.ne[1] = ne1, t.ne[2] = 1, t.ne[3] = 1;
+    t.nb[0] = ggml_type_size(type);
+    t.nb[1] = ggml_row_size(type, ne0);
+    t.nb[2] = t.nb[3] = t.nb[1] * size_t(ne1);
+    ggml_set_name(&t, name.c_str());
+    gguf_add_tensor(g, &t);
+}
+
+// Every matrix in weight_type (as a quantized GGUF of a real model). Nothing is declared for f32, the default.
+void declare_matrices(gguf_context * g, const tiny_config & c) {
+    const ggml_type wt = matrix_type(c.weight_type);
+    if (wt == GGML_TYPE_F32) {
+        return;
+    }
+    const int64_t n_kv = int64_t(c.n_head_kv) * c.head_dim();
+    declare(g, "token_embd.weight", c.n_embd, c.n_vocab, wt);
+    declare(g, "output.weight", c.n_embd, c.n_vocab, wt);
+    for (int32_t il = 0; il < c.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        declare(g, p + "attn_q.weight", c.n_embd, c.n_embd, wt);
+        declare(g, p + "attn_k.weight", c.n_embd, n_kv, wt);
+        declare(g, p + "attn_v.weight", c.n_embd, n_kv, wt);
+        declare(g, p + "attn_output.weight", c.n_embd, c.n_embd, wt);
+        declare(g, p + "ffn_gate.weight", c.n_embd, c.n_ff, wt);
+        declare(g, p + "ffn_up.weight", c.n_embd, c.n_ff, wt);
+        declare(g, p + "ffn_down.weight", c.n_ff, c.n_embd, wt);
+    }
+}
+
+// Bytes of every weight llama.cpp will create, for progress: the matrices as declared, the rest (norms, biases,
+// scales) a rough F32 estimate.
+uint64_t weight_bytes_estimate(const gguf_context * g, const tiny_config & c) {
+    uint64_t total = 0;
+    for (int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
+        total += gguf_get_tensor_size(g, i);
+    }
+    if (total == 0) {  // f32: nothing declared
+        const uint64_t d = uint64_t(c.n_embd), kv = uint64_t(c.n_head_kv) * uint64_t(c.head_dim());
+        total = 4 * (2 * d * uint64_t(c.n_vocab) + uint64_t(c.n_layer) * (2 * d * d + 2 * d * kv + 3 * d * c.n_ff));
+    }
+    return total;
+}
 
 std::unique_ptr<gguf_context, gguf_deleter> make_metadata(const tiny_config & c) {
     std::unique_ptr<gguf_context, gguf_deleter> g(gguf_init_empty());
@@ -168,6 +295,7 @@ std::unique_ptr<gguf_context, gguf_deleter> make_metadata(const tiny_config & c)
     gguf_set_val_str(g.get(), "tokenizer.ggml.model", "test");
     gguf_set_arr_str(g.get(), "tokenizer.ggml.tokens", ptrs.data(), ptrs.size());
     gguf_set_arr_data(g.get(), "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores.data(), scores.size());
+    declare_matrices(g.get(), c);
     return g;
 }
 
@@ -189,6 +317,10 @@ void validate(const tiny_config & c) {
             throw std::invalid_argument("tiny_model: rope_sections must be >= 0 with sections[3] == 0 and a sum in "
                                         "(0, head_dim]");
         }
+    }
+    matrix_type(c.weight_type);
+    if (c.n_threads < 1) {
+        throw std::invalid_argument("tiny_model: n_threads must be at least 1");
     }
 }
 
@@ -281,6 +413,8 @@ tiny_model::tiny_model(tiny_model && o) noexcept :
     model_(std::exchange(o.model_, nullptr)),
     config_(std::move(o.config_)),
     rms_eps_(o.rms_eps_),
+    n_params_(o.n_params_),
+    n_bytes_(o.n_bytes_),
     tensors_(std::move(o.tensors_)) {}
 
 tiny_model & tiny_model::operator=(tiny_model && o) noexcept {
@@ -290,10 +424,16 @@ tiny_model & tiny_model::operator=(tiny_model && o) noexcept {
         }
         model_   = std::exchange(o.model_, nullptr);
         config_  = std::move(o.config_);
-        rms_eps_ = o.rms_eps_;
-        tensors_ = std::move(o.tensors_);
+        rms_eps_  = o.rms_eps_;
+        n_params_ = o.n_params_;
+        n_bytes_  = o.n_bytes_;
+        tensors_  = std::move(o.tensors_);
     }
     return *this;
+}
+
+llama_model * tiny_model::release() {
+    return std::exchange(model_, nullptr);
 }
 
 tiny_model::~tiny_model() {
@@ -330,17 +470,22 @@ tiny_model make_tiny_model(const tiny_config & cfg) {
     m.config_  = cfg;
     m.rms_eps_ = cfg.arch == "qwen2vl" ? 0.0 : double(1e-5f);
 
+    auto    meta = make_metadata(cfg);
     builder b;
-    b.cfg = cfg;
-    b.out = &m.tensors_;
+    b.cfg         = cfg;
+    b.out         = cfg.keep_reference_weights ? &m.tensors_ : nullptr;
+    b.bytes_total = weight_bytes_estimate(meta.get(), cfg);
 
-    auto                meta   = make_metadata(cfg);
     llama_model_params  params = llama_model_default_params();
     params.n_gpu_layers        = 0;
     params.progress_callback   = [](float, void *) { return true; };
     m.model_ = llama_model_init_from_user(meta.get(), set_tensor_data, &b, params);
     if (!m.model_) {
-        throw std::runtime_error("tiny_model: llama_model_init_from_user failed for arch " + cfg.arch);
+        throw std::runtime_error("tiny_model: llama_model_init_from_user failed for arch " + cfg.arch +
+                                 (b.error.empty() ? "" : " (" + b.error + ")"));
+    }
+    if (!b.error.empty()) {
+        throw std::runtime_error("tiny_model: " + b.error);
     }
     if (!b.unknown.empty() || !b.bad_type.empty()) {
         std::string msg = "tiny_model: llama.cpp created tensors this builder cannot initialise:";
@@ -356,6 +501,8 @@ tiny_model make_tiny_model(const tiny_config & cfg) {
         llama_model_n_layer(m.model_) != cfg.n_layer || llama_model_n_embd(m.model_) != cfg.n_embd) {
         throw std::runtime_error("tiny_model: llama.cpp read back different hyperparameters");
     }
+    m.n_params_ = b.n_params;  // llama_model_n_params / llama_model_size report 0 for a model built from user data
+    m.n_bytes_  = b.bytes_done;
     return m;
 }
 

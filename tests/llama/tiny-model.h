@@ -4,6 +4,9 @@
 // tokenizer (token ids are fed directly) and keeps a copy of every weight as F32. reference_forward() recomputes the
 // model in double precision with plain loops (no ggml), with an optional per-(layer, KV head, query, key) mask, so
 // tests can check what llama.cpp computes with a full or an evicted KV cache. See tests/llama/README.md.
+//
+// The same builder makes bench-decode's billion-parameter models: quantized matrices (weight_type) and no F32 copy
+// (keep_reference_weights = false), filled chunk by chunk on n_threads threads with the same values.
 #pragma once
 
 #include <array>
@@ -27,6 +30,17 @@ struct tiny_config {
     // section must be 0 (as in Qwen2-VL): llama.cpp fills plane 3 inconsistently (t for text, 0 from mtmd images).
     std::array<int32_t, 4> rope_sections = { 2, 3, 3, 0 };
 
+    // Type of the matrices (token_embd, output, attn_q/k/v/output, ffn_gate/up/down): "f32", "f16", "q8_0" or
+    // "q4_0". A matrix whose rows are not whole quantization blocks stays F32; norms, biases and scales are F32.
+    std::string weight_type = "f32";
+    // Keep an F32 copy of every weight (as stored: F16-rounded or dequantized), which tensors(), embedding(),
+    // reference_forward() and decode_prompt()'s image rows read. Off for models too large to copy twice.
+    bool keep_reference_weights = true;
+    // Threads filling the tensors (the values do not depend on it).
+    int32_t n_threads = 1;
+    // Called after each tensor with the bytes of weights filled so far and in all; must not throw.
+    std::function<void(uint64_t done, uint64_t total)> on_progress;
+
     int32_t head_dim() const { return n_embd / n_head; }
 };
 
@@ -46,7 +60,11 @@ class tiny_model {
     ~tiny_model();  // llama_model_free
 
     llama_model *       get() const { return model_; }
+    // Hands the llama_model over to the caller (who frees it with llama_model_free); get() is null afterwards.
+    llama_model *       release();
     const tiny_config & config() const { return config_; }
+    int64_t             n_params() const { return n_params_; }  // elements of every tensor llama.cpp filled
+    uint64_t            n_bytes() const { return n_bytes_; }    // their size as stored (quantized matrices)
     bool                mrope() const { return config_.arch == "qwen2vl"; }
     // RMSNorm epsilon llama.cpp actually uses: 1e-5 for llama; 0 for qwen2vl, because this tree's
     // llama_model_qwen2vl::load_arch_hparams never reads layer_norm_rms_epsilon (hparams stay zero-initialised).
@@ -54,6 +72,7 @@ class tiny_model {
 
     // Every tensor llama.cpp created, by GGUF name (e.g. "blk.0.attn_q.weight"), including the optional ones that a
     // from-user model creates anyway (*.scale, *.input_scale, rope_freqs, output.bias, ...), which hold 1 or 0.
+    // Empty without keep_reference_weights (then tensor() and embedding() throw std::out_of_range).
     const std::map<std::string, tiny_tensor> & tensors() const { return tensors_; }
     const tiny_tensor *                        find(const std::string & name) const;    // nullptr if absent
     const tiny_tensor &                        tensor(const std::string & name) const;  // throws if absent
@@ -66,6 +85,8 @@ class tiny_model {
     llama_model *                      model_ = nullptr;
     tiny_config                        config_;
     double                             rms_eps_ = 1e-5;
+    int64_t                            n_params_ = 0;
+    uint64_t                           n_bytes_  = 0;
     std::map<std::string, tiny_tensor> tensors_;
 };
 
@@ -74,6 +95,8 @@ class tiny_model {
 //   token_embd N(0, 1); attn_q/attn_k N(0, 1.3/sqrt(n_embd)) so attention is peaked (score std ~1.7) and RoPE or
 //   masking errors show in the logits; other matrices N(0, 1/sqrt(fan_in)); norms 1 + N(0, 0.1);
 //   qwen2vl Q/K/V biases N(0, 0.2); every other bias 0; every *.scale / *.input_scale / rope_freqs 1.
+// Element i of a tensor is the (i+1)-th splitmix64::normal() of the stream seeded seed ^ fnv1a(name), rounded to the
+// tensor's type; weight_type, keep_reference_weights and n_threads change how it is stored, never the value drawn.
 // Throws std::invalid_argument on a bad config and std::runtime_error when llama.cpp fails or creates a tensor this
 // code does not know how to neutralise.
 tiny_model make_tiny_model(const tiny_config & cfg);
@@ -111,7 +134,8 @@ struct reference_output {
 // llama.cpp's position mask for prompts with non-decreasing t whose image blocks are in raster order. A query row with
 // every key hidden outputs 0 for that head. RoPE as llama.cpp: llama = LLAMA_ROPE_TYPE_NORM (pairs (2i, 2i+1)),
 // qwen2vl = M-RoPE (NEOX pairs (i, i + d/2); pair i takes plane t, y or x by (i mod sum(sections)) against the
-// sections). Attention scale 1/sqrt(head_dim). Double precision throughout; weights are the F32 values in the model.
+// sections). Attention scale 1/sqrt(head_dim). Double precision throughout; weights are the F32 values in the model
+// (keep_reference_weights; std::out_of_range without them).
 reference_output reference_forward(const tiny_model & m, const std::vector<int32_t> & tokens,
                                    const std::vector<position> & positions, const keep_fn & keep = {});
 
