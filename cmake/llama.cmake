@@ -10,6 +10,10 @@
 #          ECOKV_LLAMA_NATIVE (-march=native, OFF), ECOKV_LLAMA_SHARED (shared libs, ON).
 # Output:  ECOKV_LLAMA_SRC = the llama.cpp source dir (for internal headers under src/), or ""
 #          for the installed route, where internal headers are not available.
+#          ECOKV_LLAMA_ROUTE = "source" (a, c: llama.cpp built here) or "installed" (b); cmake/install.cmake
+#          installs the built libraries into ecokv's prefix (source) or refers to the installed package.
+#          ECOKV_LLAMA_INSTALLABLE = whether ecokv::llama can be installed: not with static llama.cpp
+#          libraries built here (ECOKV_LLAMA_SHARED=OFF), whose own dependencies we do not install.
 include_guard(GLOBAL)
 
 if(NOT DEFINED ECOKV_ROOT)
@@ -40,13 +44,16 @@ function(_ecokv_add_llama_subdir src)
   set(BUILD_SHARED_LIBS ${ECOKV_LLAMA_SHARED})
   set(CMAKE_CXX_STANDARD 17)            # llama.cpp is C++17 code; don't compile it as our C++20
   set(GGML_NATIVE ${ECOKV_LLAMA_NATIVE})
+  # Installed next to each other (cmake/install.cmake): libllama and libmtmd find libggml* by $ORIGIN.
+  set(CMAKE_INSTALL_RPATH "$ORIGIN")
   set(LLAMA_BUILD_MTMD ON)              # libmtmd without the tools/ tree
   foreach(v LLAMA_BUILD_COMMON LLAMA_BUILD_TESTS LLAMA_BUILD_TOOLS LLAMA_BUILD_EXAMPLES
             LLAMA_BUILD_SERVER LLAMA_BUILD_APP LLAMA_SUBPROCESS LLAMA_OPENSSL MTMD_VIDEO
             GGML_BUILD_TESTS GGML_BUILD_EXAMPLES)
     set(${v} OFF)                       # CPU only, no network/HTTP/ffmpeg, nothing but the libs
   endforeach()
-  # EXCLUDE_FROM_ALL: only what we link gets built, and `install` does not ship llama.cpp.
+  # EXCLUDE_FROM_ALL: only what we link gets built, and none of llama.cpp's own install rules run
+  # (cmake/install.cmake installs the five libraries ecokv::llama needs, and their public headers).
   add_subdirectory("${src}" "${CMAKE_BINARY_DIR}/_llama.cpp" EXCLUDE_FROM_ALL)
 endfunction()
 
@@ -54,9 +61,11 @@ if(ECOKV_LLAMA_SOURCE_DIR)                                   # (a) given source 
   get_filename_component(ECOKV_LLAMA_SRC "${ECOKV_LLAMA_SOURCE_DIR}" ABSOLUTE)
   message(STATUS "ecokv: llama.cpp from source dir ${ECOKV_LLAMA_SRC}")
   _ecokv_add_llama_subdir("${ECOKV_LLAMA_SRC}")
+  set(ECOKV_LLAMA_ROUTE source)
 
 elseif(ECOKV_LLAMA_INSTALLED)                                # (b) installed package
   set(ECOKV_LLAMA_SRC "")
+  set(ECOKV_LLAMA_ROUTE installed)
   find_package(llama 0.5 REQUIRED CONFIG)                    # imported `llama`, pulls in ggml::*
   # llama.cpp installs libmtmd and mtmd.h but no CMake package for them.
   find_library(ECOKV_MTMD_LIBRARY mtmd HINTS "${LLAMA_LIB_DIR}" REQUIRED)
@@ -98,6 +107,13 @@ else()                                                       # (c) third_party, 
   endif()
   message(STATUS "ecokv: llama.cpp from ${ECOKV_LLAMA_SRC}")
   _ecokv_add_llama_subdir("${ECOKV_LLAMA_SRC}")
+  set(ECOKV_LLAMA_ROUTE source)
+endif()
+
+if(ECOKV_LLAMA_ROUTE STREQUAL "source" AND NOT ECOKV_LLAMA_SHARED)
+  set(ECOKV_LLAMA_INSTALLABLE OFF)
+else()
+  set(ECOKV_LLAMA_INSTALLABLE ON)
 endif()
 
 foreach(t llama mtmd ggml)

@@ -5,7 +5,9 @@
 #include <bit>
 #include <cstring>
 
-#if defined(__F16C__)
+#include "kernels/simd.h"
+
+#if defined(__F16C__) || ECOKV_HAVE_SIMD_DISPATCH
 #    include <immintrin.h>
 #endif
 
@@ -81,6 +83,20 @@ tensor_view tensor_view::packed(const void * data, dtype type, std::initializer_
     return v;
 }
 
+#if !defined(__F16C__) && ECOKV_HAVE_SIMD_DISPATCH
+namespace {
+// Runtime dispatch (src/kernels/simd.h) for portable builds: the same hardware conversion where the CPU has F16C.
+__attribute__((target("avx,f16c"))) int64_t f16_to_f32_f16c(const uint16_t * h, float * out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(h + i))));
+    }
+    return i;
+}
+const bool k_has_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+}  // namespace
+#endif
+
 void tensor_view::row_f32(int64_t i1, int64_t i2, float * out) const {
     const void * src = row(i1, i2);
     switch (type) {
@@ -93,6 +109,10 @@ void tensor_view::row_f32(int64_t i1, int64_t i2, float * out) const {
 #if defined(__F16C__)
             for (; i + 8 <= ne[0]; i += 8) {  // hardware conversion, bit-identical to f16_to_f32
                 _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(h + i))));
+            }
+#elif ECOKV_HAVE_SIMD_DISPATCH
+            if (k_has_f16c) {
+                i = f16_to_f32_f16c(h, out, ne[0]);
             }
 #endif
             for (; i < ne[0]; ++i) {

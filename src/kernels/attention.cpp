@@ -6,6 +6,7 @@
 #include "fast-exp.h"
 #include "impl.h"
 #include "kernels.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -29,7 +30,8 @@ struct row_tiles {
 
 // logits[tile][t][lane] = q[row] . k[t] for keys t in [0, n_keys).
 template <int32_t K>
-void dot_step(const float * const * k, const row_tiles & rows, int32_t d, int32_t t0, int32_t n_keys, float * logits) {
+ECOKV_SIMD_INLINE void dot_step(const float * const * k, const row_tiles & rows, int32_t d, int32_t t0, int32_t n_keys,
+                                float * logits) {
     for (int32_t tile = 0; tile < rows.n_tiles; ++tile) {
         const float * qt = rows.qt.data() + size_t(tile) * d * k_lanes;
         float         acc[K][k_lanes] = {};
@@ -49,8 +51,8 @@ void dot_step(const float * const * k, const row_tiles & rows, int32_t d, int32_
     }
 }
 
-void dot_keys(const tensor_view & keys, int32_t ig, int32_t n_keys, const row_tiles & rows, int32_t d,
-              std::vector<float> & logits) {
+ECOKV_SIMD_DISPATCH void dot_keys(const tensor_view & keys, int32_t ig, int32_t n_keys, const row_tiles & rows,
+                                  int32_t d, std::vector<float> & logits) {
     std::vector<float> buf(size_t(k_keys) * d);
     const float *      k[k_keys];
     int32_t            t = 0;
@@ -67,7 +69,8 @@ void dot_keys(const tensor_view & keys, int32_t ig, int32_t n_keys, const row_ti
 }
 
 // acc[t] += sum over rows of softmax_t(logits of the row, causal) for t < acc.size().
-void softmax_accumulate(const row_tiles & rows, int32_t n_keys, std::vector<float> & logits, std::vector<double> & acc) {
+ECOKV_SIMD_DISPATCH void softmax_accumulate(const row_tiles & rows, int32_t n_keys, std::vector<float> & logits,
+                                            std::vector<double> & acc) {
     const int32_t n_out = int32_t(acc.size());
     for (int32_t tile = 0; tile < rows.n_tiles; ++tile) {
         float *         lg   = logits.data() + size_t(tile) * n_keys * k_lanes;

@@ -1,6 +1,7 @@
 // Per-token statistics over one head: pooling, norms, key geometry and the SPEC §1 normalisations.
 #include "impl.h"
 #include "kernels.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -34,7 +35,7 @@ std::vector<double> pool(std::span<const float> x, int32_t kernel, pool_kind kin
 
 namespace {
 
-float sum_squares(const float * x, int32_t n) {
+ECOKV_SIMD_INLINE float sum_squares(const float * x, int32_t n) {
     float s = 0;
 #pragma omp simd reduction(+ : s)
     for (int32_t i = 0; i < n; ++i) {
@@ -45,7 +46,7 @@ float sum_squares(const float * x, int32_t n) {
 
 }  // namespace
 
-std::vector<double> row_norms(const tensor_view & rows, int32_t ig, int32_t n_rows) {
+ECOKV_SIMD_DISPATCH std::vector<double> row_norms(const tensor_view & rows, int32_t ig, int32_t n_rows) {
     std::vector<double> out(static_cast<size_t>(n_rows));
     std::vector<float>  row(static_cast<size_t>(rows.ne[0]));
     for (int32_t t = 0; t < n_rows; ++t) {
@@ -56,7 +57,8 @@ std::vector<double> row_norms(const tensor_view & rows, int32_t ig, int32_t n_ro
 
 // Two passes over the keys in fp32 SIMD: (1) norms and the centroids mu, kbar, summed in fp32 blocks of
 // k_block rows and carried in fp64; (2) c[j] and dE[j] against the fp32 centroids.
-key_geometry compute_key_geometry(const tensor_view & keys, int32_t ig, int32_t n_centroid, int32_t n_prefix) {
+ECOKV_SIMD_DISPATCH key_geometry compute_key_geometry(const tensor_view & keys, int32_t ig, int32_t n_centroid,
+                                                      int32_t n_prefix) {
     constexpr int32_t   k_block = 64;
     const int32_t       d       = int32_t(keys.ne[0]);
     const int32_t       n_rows  = std::max(n_centroid, n_prefix);
