@@ -688,4 +688,30 @@ TEST(dataset_niah, bad_params_name_the_option) {
     EXPECT_EQ(load(), cfg + ": expected an object of niah parameters, not array");
 }
 
+// Generation is bounded before anything is made, the haystack file is confined to the dataset directory like image
+// paths, and a number beyond a double names its file and line.
+TEST(dataset_niah, sizes_paths_and_numbers_are_bounded) {
+    ecokv::niah_params p;
+    p.count = 2147483647;
+    EXPECT_EQ(error_of([&] { ecokv::make_niah(p); }), "niah: count 2147483647 must be at most 100000");
+    p               = {};
+    p.context_words = 1000001;
+    EXPECT_EQ(error_of([&] { ecokv::make_niah(p); }), "niah: context_words 1000001 must be at most 1000000");
+    p               = {};
+    p.count         = 100;
+    p.context_words = 600000;
+    EXPECT_EQ(error_of([&] { ecokv::make_niah(p); }),
+              "niah: count x context_words 60000000 must be at most 50000000");
+
+    temp_dir          tmp;
+    const std::string cfg  = tmp / "niah.json";
+    auto              load = [&] { return error_of([&] { ecokv::load_dataset("niah", tmp.path().string()); }); };
+    for (const char * path : { "/etc/hostname", "../haystack.txt" }) {
+        write_file(cfg, std::string(R"({"haystack_file": ")") + path + "\"}");
+        EXPECT_EQ(load(), cfg + ": \"haystack_file\": path '" + path + "' must be relative to the dataset directory");
+    }
+    write_file(cfg, "{\n  \"count\": 1e309\n}");
+    EXPECT_EQ(load(), cfg + ":2: number 1e309 is out of range (beyond a double)");
+}
+
 }  // namespace

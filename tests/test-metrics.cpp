@@ -529,6 +529,8 @@ TEST(read_metric_items, errors_name_the_file_and_line) {
     EXPECT_EQ(err("{\"prediction\": \"a\", \"answers\": [\"a\"]"),
               ":3: invalid JSON at column 37: syntax error while parsing object - unexpected end of input; "
               "expected '}'");
+    EXPECT_EQ(err("{\"prediction\": \"a\", \"answers\": [\"a\"], \"w\": -1e309}"),
+              ":3: number -1e309 is out of range (beyond a double)");
 }
 
 TEST(read_metric_items, missing_empty_and_unknown) {

@@ -253,6 +253,15 @@ prompt session::make_prompt(const std::string & text, const std::vector<std::str
     if (!impl_->projector) {
         throw error("images need a projector (--mmproj)");
     }
+    const std::string marker    = mtmd_default_marker();
+    size_t            n_markers = 0;
+    for (size_t at = text.find(marker); at != std::string::npos; at = text.find(marker, at + marker.size())) {
+        ++n_markers;
+    }
+    if (n_markers != images.size()) {  // e.g. a literal marker in a question
+        throw error("the prompt holds " + std::to_string(n_markers) + " media markers (" + marker + ") for " +
+                    std::to_string(images.size()) + (images.size() == 1 ? " image" : " images"));
+    }
     const std::lock_guard<std::mutex>                         lock(impl_->mtmd_mutex);
     std::vector<std::unique_ptr<mtmd_bitmap, mtmd_deleter>>   bitmaps;
     std::vector<const mtmd_bitmap *>                          ptrs;

@@ -67,7 +67,12 @@ template <typename Fn> std::vector<eval_item> map_entries(const fs::path & path,
 }
 
 // dir / rel, normalised; `rel` must be relative and stay inside dir (no "..").
-std::string resolve_image(const fs::path & dir, const std::string & rel, const std::string & where);
+std::string resolve_image(const fs::path & dir, const std::string & rel, const std::string & where,
+                          const char * what = "image path");
+
+// The message for a JSON number beyond a double ("12: number 1e309 is out of range (beyond a double)"), its line
+// in `text` first when with_line: nlohmann's out_of_range.406 carries no position.
+std::string number_out_of_range(const json::out_of_range & e, const std::string & text, bool with_line);
 
 // The first of `names` that exists in dir; throws "<dir>: none of a.json, b.json" when none does.
 fs::path find_file(const fs::path & dir, const std::vector<std::string> & names);

@@ -2,6 +2,7 @@
 #include "datasets/dataset-impl.h"
 #include "ecokv/error.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -22,7 +23,24 @@ std::pair<std::string, std::string> split_parse_error(const std::string & what) 
     return { what.substr(at_line + 8, comma - at_line - 8), what.substr(comma + 2) };
 }
 
+std::string read_text(const fs::path & path) {
+    std::ifstream in(path, std::ios::binary);
+    return { std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>() };
+}
+
 }  // namespace
+
+std::string number_out_of_range(const json::out_of_range & e, const std::string & text, bool with_line) {
+    // "[json.exception.out_of_range.406] number overflow parsing '1e309'": find that literal in the text.
+    const std::string what  = e.what();
+    const size_t      open  = what.find('\''), close = what.rfind('\'');
+    const std::string token = open != std::string::npos && close > open ? what.substr(open + 1, close - open - 1) : "";
+    const size_t      at    = token.empty() ? std::string::npos : text.find(token);
+    const std::string line  = at == std::string::npos ? ""
+                                                      : std::to_string(1 + std::count(text.begin(), text.begin() + at, '\n'));
+    return (with_line && !line.empty() ? line + ": " : "") + "number " + (token.empty() ? "" : token + " ") +
+           "is out of range (beyond a double)";
+}
 
 json read_json(const fs::path & path) {
     const std::string name = path.string();
@@ -38,6 +56,8 @@ json read_json(const fs::path & path) {
     } catch (const json::parse_error & e) {
         const auto [line, rest] = split_parse_error(e.what());
         throw error(name + (line.empty() ? "" : ":" + line) + ": invalid JSON at " + rest);
+    } catch (const json::out_of_range & e) {  // a number beyond double (1e309): nlohmann gives no position
+        throw error(name + ":" + number_out_of_range(e, read_text(path), true));
     }
 }
 
@@ -46,6 +66,8 @@ json parse_json_line(const std::string & line, const std::string & where) {
         return json::parse(line);
     } catch (const json::parse_error & e) {
         throw error(where + ": invalid JSON at " + split_parse_error(e.what()).second);
+    } catch (const json::out_of_range & e) {
+        throw error(where + ": " + number_out_of_range(e, line, false));
     }
 }
 
@@ -111,10 +133,10 @@ std::string entry_where(const fs::path & path, const char * array, size_t i) {
     return path.string() + ": " + array + "[" + std::to_string(i) + "]";
 }
 
-std::string resolve_image(const fs::path & dir, const std::string & rel, const std::string & where) {
+std::string resolve_image(const fs::path & dir, const std::string & rel, const std::string & where, const char * what) {
     const fs::path p = fs::path(rel).lexically_normal();
     if (rel.empty() || p.is_absolute() || (!p.empty() && *p.begin() == "..")) {
-        throw error(where + ": image path '" + rel + "' must be relative to the dataset directory");
+        throw error(where + ": " + what + " '" + rel + "' must be relative to the dataset directory");
     }
     return (dir / p).lexically_normal().string();
 }

@@ -33,6 +33,15 @@ void niah_params::validate() const {
     at_least("context_words", context_words, 1);
     at_least("n_lengths", n_lengths, 1);
     at_least("n_depths", n_depths, 1);
+    // Bounded before anything is generated: every item is made (and held) at load time.
+    auto at_most = [](const char * name, int64_t v, int64_t hi) {
+        if (v > hi) {
+            throw error("niah: " + std::string(name) + " " + std::to_string(v) + " must be at most " + std::to_string(hi));
+        }
+    };
+    at_most("count", count, 100000);
+    at_most("context_words", context_words, 1000000);
+    at_most("count x context_words", int64_t(count) * context_words, 50000000);
     if (n_lengths > context_words) {
         throw error("niah: n_lengths " + std::to_string(n_lengths) + " must not exceed context_words " +
                     std::to_string(context_words));
@@ -190,7 +199,7 @@ std::vector<eval_item> load_niah(const fs::path & dir) {
     for (const auto & [key, v] : cfg.items()) {
         const std::string where = file.string() + ": \"" + key + "\"";
         if (key == "haystack_file") {
-            p.haystack_file = (dir / string_member(cfg, "haystack_file", file.string())).lexically_normal().string();
+            p.haystack_file = resolve_image(dir, string_member(cfg, "haystack_file", file.string()), where, "path");
             continue;
         }
         int32_t * field = key == "count"         ? &p.count :

@@ -1,6 +1,7 @@
 // ecokv eval: the JSON Lines reader of scored items and the JSON form of a result.
 #include "ecokv/error.h"
 #include "ecokv/metrics.h"
+#include "datasets/dataset-impl.h"
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,8 @@ metric_item parse_item(const std::string & line, const std::string & where, bool
         const std::string what = e.what();
         const size_t      col  = what.find("column ");
         throw error(where + ": invalid JSON" + (col == std::string::npos ? "" : " at " + what.substr(col)));
+    } catch (const json::out_of_range & e) {
+        throw error(where + ": " + detail::number_out_of_range(e, line, false));
     }
     if (!j.is_object()) {
         throw error(where + ": expected a JSON object");

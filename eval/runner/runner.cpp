@@ -3,10 +3,17 @@
 #include "ecokv/eval-runner.h"
 
 #include "ecokv/error.h"
+#include "ecokv/hash.h"
 #include "ecokv/safetensors.h"
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -23,6 +30,52 @@ std::string key(const std::string & id, const std::string & method, int32_t budg
     return id + "\x1f" + method + "\x1f" + std::to_string(budget);
 }
 
+// 64-bit content hash of a file (hex), so that a resume with another model or projector of the same name is
+// refused. Reads the file once (a few seconds for a multi-GB model).
+std::string content_hash(const std::string & path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+        throw error(path + ": cannot read");
+    }
+    uint64_t          h = 0x9e3779b97f4a7c15ull;
+    std::vector<char> buf(1 << 20);
+    while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
+        const size_t n = size_t(in.gcount());
+        for (size_t i = 0; i < n; i += 8) {
+            uint64_t w = 0;
+            std::memcpy(&w, buf.data() + i, std::min<size_t>(8, n - i));
+            h = splitmix64(h ^ w);
+        }
+        h = splitmix64(h ^ n);
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long) h);
+    return hex;
+}
+
+// An exclusive flock on <dir>/lock holding the writer's pid. The kernel drops it when the process dies, so a lock
+// file left by a killed run is simply taken over.
+std::shared_ptr<void> lock_dir(const std::string & dir) {
+    const std::string path = dir + "/lock";
+    const int         fd   = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        throw error(path + ": cannot open: " + std::strerror(errno));
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char          pid[32] = {};
+        const ssize_t n       = ::pread(fd, pid, sizeof pid - 1, 0);
+        ::close(fd);
+        throw error(dir + " is being written by another ecokv eval (pid " + std::string(pid, size_t(std::max<ssize_t>(n, 0))) +
+                    "); wait for it or use another --out");
+    }
+    const std::string pid = std::to_string(::getpid());
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+        ::close(fd);
+        throw error(path + ": cannot write: " + std::strerror(errno));
+    }
+    return std::shared_ptr<void>(nullptr, [fd](void *) { ::close(fd); });
+}
+
 // Every option that changes results. Method options are recorded even when no method reads them: a run's config is
 // then a plain function of its options.
 json config_of(const eval_options & o, const metric_info & metric) {
@@ -32,7 +85,9 @@ json config_of(const eval_options & o, const metric_info & metric) {
         { "metric", metric.name },
         { "mode", mode_name(o.mode) },
         { "model", fs::path(o.model).filename().string() },
+        { "model_hash", content_hash(o.model) },
         { "mmproj", o.projector.empty() ? json(nullptr) : json(fs::path(o.projector).filename().string()) },
+        { "mmproj_hash", o.projector.empty() ? json(nullptr) : json(content_hash(o.projector)) },
         { "n_predict", o.n_predict },
         { "window", p.window >= 0 ? json(p.window) : json(nullptr) },
         { "kernel", p.kernel },
@@ -47,7 +102,7 @@ json config_of(const eval_options & o, const metric_info & metric) {
         { "sinks", p.n_sink },
         { "seed", p.seed },
         { "merge", p.merge == merge_kind::pivot ? "pivot" : "none" },
-        { "head_scores", p.head_scores.empty() ? json(nullptr) : json(fs::path(p.head_scores).filename().string()) },
+        { "head_scores", p.head_scores.empty() ? json(nullptr) : json(content_hash(p.head_scores)) },
     };
 }
 
@@ -138,6 +193,32 @@ std::vector<std::string> canonical_methods(const eval_options & o, method_requir
     return out;
 }
 
+// An item the engine could not process: recorded, so that the report counts it and a resume does not retry it.
+json failed_record(const eval_item & item, const std::string & method, int32_t budget, const std::string & why) {
+    return { { "id", item.id },     { "method", method },  { "budget", budget }, { "type", item.type },
+             { "answers", item.answers }, { "error", why }, { "prediction", nullptr }, { "score", nullptr } };
+}
+
+// A results file that cannot be written ends the run, whatever --strict says.
+struct write_failure : error {
+    using error::error;
+};
+
+// Appends one record as one line, or nothing: a failed write is cut back off before the error.
+void append(std::ofstream & out, const std::string & path, const json & rec) {
+    const auto before = out.tellp();
+    // Invalid UTF-8 (an answer cut inside a character) becomes U+FFFD instead of an exception.
+    out << rec.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+    out.flush();  // a killed run loses nothing that was answered
+    if (!out) {
+        const std::string why = std::strerror(errno);
+        out.close();
+        std::error_code ec;
+        fs::resize_file(path, uintmax_t(before), ec);
+        throw write_failure(path + ": cannot write a result (" + why + ")");
+    }
+}
+
 json record(const eval_item & item, const std::string & method, int32_t budget, const eval_prefill & pf,
             const eval_answer & a, const metric_info & metric) {
     json rec = { { "id", item.id },           { "method", method },
@@ -198,6 +279,7 @@ eval_plan plan_eval(const eval_options & options) {
     }
 
     fs::create_directories(options.out_dir);
+    plan.lock = lock_dir(options.out_dir);
     check_config(options.out_dir + "/config.json", config_of(options, *plan.metric));
     plan.results_path = options.out_dir + "/results" +
                         (options.n_shards > 1 ? ".shard-" + std::to_string(options.shard) + "-of-" +
@@ -210,9 +292,9 @@ eval_plan plan_eval(const eval_options & options) {
 
 void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress & progress) {
     const eval_options & o = plan.options;
-    std::ofstream        out(plan.results_path, std::ios::app);
+    std::ofstream        out(plan.results_path, std::ios::app | std::ios::binary);
     if (!out) {
-        throw error(plan.results_path + ": cannot open for writing");
+        throw error(plan.results_path + ": cannot open for writing (" + std::strerror(errno) + ")");
     }
     for (size_t k = 0; k < plan.items.size(); ++k) {
         if (progress) {
@@ -230,16 +312,27 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
         if (todo.empty()) {
             continue;
         }
-        const eval_prefill pf = engine.prefill(item, o.mode, o.n_predict, plan.needs);
-        for (const auto & [method, budget] : todo) {
-            method_params p = o.params;
-            p.budget        = budget;
-            const eval_answer a = method == "full" ? engine.answer_full()
-                                                   : engine.answer_compressed(parse_method(method), p);
-            out << record(item, method, budget, pf, a, *plan.metric).dump() << "\n";
-            out.flush();  // a killed run loses nothing that was answered
-            if (!out) {
-                throw error(plan.results_path + ": cannot write a result (disk full?)");
+        std::set<std::pair<std::string, int32_t>> written;
+        try {
+            const eval_prefill pf = engine.prefill(item, o.mode, o.n_predict, plan.needs);
+            for (const auto & [method, budget] : todo) {
+                method_params p = o.params;
+                p.budget        = budget;
+                const eval_answer a = method == "full" ? engine.answer_full()
+                                                       : engine.answer_compressed(parse_method(method), p);
+                append(out, plan.results_path, record(item, method, budget, pf, a, *plan.metric));
+                written.emplace(method, budget);
+            }
+        } catch (const write_failure &) {
+            throw;
+        } catch (const error & e) {
+            if (o.strict) {
+                throw error("item '" + item.id + "': " + e.what());
+            }
+            for (const auto & mb : todo) {
+                if (!written.count(mb)) {
+                    append(out, plan.results_path, failed_record(item, mb.first, mb.second, e.what()));
+                }
             }
         }
     }

@@ -11,6 +11,11 @@
 
 #include <sstream>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 namespace {
 
 using namespace ecokv::test;
@@ -171,6 +176,106 @@ TEST(eval, resume_repairs_the_last_line_and_refuses_a_bad_middle) {
     const run_result bad = f.eval(out, with({ "--limit", "3" }));
     EXPECT_EQ(bad.code, 1);
     EXPECT_TRUE(contains(bad.err, out + "/results.jsonl:1: not a results record")) << describe(bad);
+}
+
+// An item that cannot be processed (a literal media marker in its question, in prompt mode) is recorded with its
+// reason for every method, the other items are answered, the report counts it; --strict stops at it instead.
+TEST(eval, a_bad_item_is_recorded_and_the_run_goes_on) {
+    const eval_fixture f;
+    std::string        jsonl = read_file(f.data + "/items.jsonl");
+    const size_t       at    = jsonl.find("what is written?", jsonl.find("\"q1\""));
+    jsonl.replace(at, 16, "what is <__media__> here?");
+    const std::string data = f.dir / "bad-data";
+    fs::create_directories(data);
+    for (const auto & e : fs::directory_iterator(f.data)) {
+        fs::copy(e.path(), data + "/" + e.path().filename().string());
+    }
+    write_file(data + "/items.jsonl", jsonl);
+    const std::string out  = f.dir / "bad";
+    auto              args = [&](bool strict) {
+        std::vector<std::string> a = { "eval", "--model", f.model, "--mmproj", f.mmproj, "--dataset", "generated",
+                                       "--data", data, "--methods", "full,snapkv+ecokv", "--budgets", "10", "--window",
+                                       "2", "-n", "2", "-t", "2", "--mode", "prompt", "--limit", "3", "--out", out };
+        if (strict) {
+            a.push_back("--strict");
+        }
+        return a;
+    };
+    const run_result strict = run_cli(f.dir.path().string(), args(true));
+    EXPECT_EQ(strict.code, 1) << describe(strict);
+    EXPECT_TRUE(contains(strict.err, "item 'q1': the prompt holds 2 media markers (<__media__>) for 1 image"))
+        << describe(strict);
+    const run_result r = run_cli(f.dir.path().string(), args(false));
+    ASSERT_EQ(r.code, 0) << describe(r);
+    std::istringstream lines(read_file(out + "/results.jsonl"));
+    int                n = 0, failed = 0;
+    for (std::string line; std::getline(lines, line); ++n) {
+        const json rec = json::parse(line);
+        if (rec["id"] == "q1") {
+            EXPECT_TRUE(contains(rec["error"].get<std::string>(), "2 media markers")) << line;
+            ++failed;
+        } else {
+            EXPECT_TRUE(rec["prediction"].is_string()) << line;
+        }
+    }
+    EXPECT_EQ(n, 6);
+    EXPECT_EQ(failed, 2);
+    const json table = f.report({ out })["generated"];
+    ASSERT_EQ(table["failed"].size(), 2u) << table.dump();
+    EXPECT_EQ(table["failed"][0]["n"], 1);
+    for (const json & row : table["scores"]) {
+        EXPECT_EQ(row["n"], 2) << "scores over the items that could be processed";
+    }
+}
+
+// One writer per directory: a live holder of <out>/lock is named and refused; a lock file left behind is taken over.
+TEST(eval, one_writer_per_directory) {
+    const eval_fixture             f;
+    const std::string              out   = f.dir / "locked";
+    const std::vector<std::string> small = { "--limit", "1", "--methods", "full", "--budgets", "10" };
+    fs::create_directories(out);
+    const int fd = ::open((out + "/lock").c_str(), O_RDWR | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    ASSERT_EQ(::write(fd, "4242", 4), 4);
+    const run_result busy = f.eval(out, small);
+    EXPECT_EQ(busy.code, 1) << describe(busy);
+    EXPECT_TRUE(contains(busy.err, out + " is being written by another ecokv eval (pid 4242)")) << describe(busy);
+    EXPECT_FALSE(fs::exists(out + "/results.jsonl"));
+    ::close(fd);  // as if that process died: its file stays, its lock does not
+    const run_result r = f.eval(out, small);
+    EXPECT_EQ(r.code, 0) << describe(r);
+}
+
+// A full disk (here a file-size limit, with SIGXFSZ ignored so that writes fail with EFBIG): eval stops with a clear
+// error, leaves only whole records, and a resume without the limit completes the same table as one run.
+TEST(eval, a_failed_write_stops_cleanly_and_resumes) {
+    const eval_fixture f;
+    const std::string  out = f.dir / "full";
+    std::string        cmd = "ulimit -f 3; trap '' XFSZ; exec " + quote(ECOKV_CLI);
+    for (const std::string & a : { "eval", "--model", f.model.c_str(), "--mmproj", f.mmproj.c_str(), "--dataset",
+                                   "generated", "--data", f.data.c_str(), "--methods", "full,snapkv+ecokv", "--budgets",
+                                   "16,10", "--window", "2", "-n", "4", "-t", "2", "--mode", "agnostic", "--out",
+                                   out.c_str() }) {
+        cmd += " " + quote(a);
+    }
+    const std::string err    = f.dir / "full.err";
+    const int         status = std::system(("bash -c " + quote(cmd) + " 2>" + quote(err)).c_str());
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 1);
+    EXPECT_TRUE(contains(read_file(err), "/results.jsonl: cannot write a result (File too large)")) << read_file(err);
+    const std::string partial = read_file(out + "/results.jsonl");
+    ASSERT_FALSE(partial.empty());
+    EXPECT_EQ(partial.back(), '\n');
+    EXPECT_LE(partial.size(), 3u * 1024u);
+    std::istringstream lines(partial);
+    for (std::string line; std::getline(lines, line);) {
+        EXPECT_NO_THROW(json::parse(line)) << line;
+    }
+    ASSERT_EQ(f.eval(out, {}).code, 0);
+    const std::string single = f.dir / "single";
+    ASSERT_EQ(f.eval(single, {}).code, 0);
+    EXPECT_EQ(f.report({ out })["generated"], f.report({ single })["generated"]);
 }
 
 // Every option that changes results is in config.json: resuming with another window, alpha or n-predict is refused.

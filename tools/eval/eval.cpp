@@ -75,6 +75,7 @@ int ecokv_eval(int argc, char ** argv) {
             ("n,n-predict", "answer tokens", cxxopts::value<int32_t>()->default_value("16"))
             ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
             ("out", "results directory", cxxopts::value<std::string>())
+            ("strict", "stop at an item that cannot be processed (default: record it as failed and go on)")
             ("list-datasets", "list the datasets and exit")
             ("verbose", "show llama.cpp's log")
             ("h,help", "show this help");
@@ -111,6 +112,7 @@ int ecokv_eval(int argc, char ** argv) {
         o.out_dir                   = args["out"].as<std::string>();
         o.model                     = args["model"].as<std::string>();
         o.projector                 = args.count("mmproj") ? args["mmproj"].as<std::string>() : "";
+        o.strict                    = args.count("strict") > 0;
         const ecokv::eval_plan plan = ecokv::plan_eval(o);  // every check before the model loads
 
         el::set_verbose(args.count("verbose") > 0);

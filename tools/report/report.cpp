@@ -41,6 +41,7 @@ struct dataset_results {
     std::string                                                      metric;
     std::map<cell_key, std::map<std::string, item_fidelity>> fidelity;  // id -> fidelity
     std::map<cell_key, std::map<std::string, ecokv::metric_item>>    items;  // (method, budget) -> id -> item
+    std::map<cell_key, std::map<std::string, std::string>>           failed;  // (method, budget) -> id -> why
     std::vector<std::string>                                         method_order;
 };
 
@@ -49,7 +50,12 @@ void read_dir(const std::string & dir, std::map<std::string, dataset_results> & 
     if (!cfg_in) {
         throw error(dir + ": no config.json (not an ecokv eval results directory)");
     }
-    const json        cfg     = json::parse(cfg_in);
+    json cfg;
+    try {
+        cfg = json::parse(cfg_in);
+    } catch (const json::exception & e) {
+        throw error(dir + "/config.json: not an ecokv eval config (" + e.what() + ")");
+    }
     const std::string dataset = cfg.at("dataset").get<std::string>();
     const std::string metric  = cfg.at("metric").get<std::string>();  // the dataset's, or eval --metric's
     dataset_results & results = out[dataset];
@@ -73,10 +79,21 @@ void read_dir(const std::string & dir, std::map<std::string, dataset_results> & 
             json j;
             try {
                 j = json::parse(line);
-            } catch (const json::exception &) {
-                break;  // a half-written last line of a killed run
+            } catch (const json::exception & e) {
+                if (in.peek() == std::ifstream::traits_type::eof()) {
+                    break;  // a half-written last line of a killed run (the next resume cuts it)
+                }
+                throw error(f.string() + ":" + std::to_string(n) + ": not a results record (" + e.what() + ")");
             }
             const std::string method = j.at("method");
+            if (j.contains("error")) {  // an item eval could not process
+                results.failed[{ method, j.at("budget").get<int32_t>() }][j.at("id").get<std::string>()] = j["error"];
+                if (std::find(results.method_order.begin(), results.method_order.end(), method) ==
+                    results.method_order.end()) {
+                    results.method_order.push_back(method);
+                }
+                continue;
+            }
             if (std::find(results.method_order.begin(), results.method_order.end(), method) == results.method_order.end()) {
                 results.method_order.push_back(method);
             }
@@ -235,6 +252,16 @@ int ecokv_report(int argc, char ** argv) {
                 md << "\n";
             }
             md << "\n";
+            for (const auto & [k, by_id] : res.failed) {  // scores are over the items that could be processed
+                md << "Failed items, " << label(k.method) << (k.method == "full" ? "" : " " + std::to_string(k.budget))
+                   << ": " << by_id.size() << " (first: " << by_id.begin()->first << ": " << by_id.begin()->second
+                   << ")\n";
+                js[dataset]["failed"].push_back({ { "method", label(k.method) }, { "budget", k.budget },
+                                                  { "n", by_id.size() } });
+            }
+            if (!res.failed.empty()) {
+                md << "\n";
+            }
             if (!res.fidelity.empty()) {  // without gold answers: how close each cache stays to the full one
                 md << "Fidelity to FullKV, teacher-forced on FullKV's answer (greedy agreement / mean KL / relative "
                       "error of the attention output, mean over layers):\n\n";

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -67,8 +68,9 @@ struct eval_options {
     int32_t                  n_shards  = 1;
     int32_t                  n_predict = 16;
     std::string              out_dir;
-    std::string              model;           // file names, recorded in config.json
+    std::string              model;           // files, recorded in config.json by name and content hash
     std::string              projector;
+    bool                     strict = false;  // an item that cannot be processed stops the run (else: recorded)
 };
 
 // A validated run: methods canonical, the items of this shard, the config, what was already done.
@@ -79,16 +81,20 @@ struct eval_plan {
     method_requirements      needs;           // the union over methods (one capture serves all)
     std::string              results_path;
     std::set<std::string>    done;            // keys of the records already in results_path (a resumed run)
+    std::shared_ptr<void>    lock;            // <out_dir>/lock, held while the plan lives: one writer per directory
 };
 
 // Checks every option, method, budget, the dataset and config.json before any engine work; throws ecokv::error.
-// Writes config.json on a first run.
+// Takes the directory's lock (another live eval on it is an error; a lock left by a dead one is taken over) and
+// writes config.json on a first run.
 eval_plan plan_eval(const eval_options & options);
 
 // progress(items done, items in this shard)
 using eval_progress = std::function<void(size_t done, size_t total)>;
 
-// Runs the plan on the engine, appending one JSON record per (item, method, budget) to plan.results_path.
+// Runs the plan on the engine, appending one JSON record per (item, method, budget) to plan.results_path. An item
+// the engine cannot process (ecokv::error: bad image, over-long prompt, ...) gets records with its "error" and the
+// run goes on, unless options.strict. A failed write throws, leaving no partial record.
 void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress & progress = {});
 
 // The answer the metric scores: the first line of the output, trimmed; the whole output, trimmed, for metrics that
