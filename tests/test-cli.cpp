@@ -436,6 +436,8 @@ TEST(cli, compress_bad_input_exits_one_and_writes_nothing) {
         { "missing --method", { "-i", cap }, { "missing --method" } },
         { "unknown flag", { "-i", cap, "-m", "snapkv", "--bogus-flag" }, { "bogus-flag" } },
         { "stray argument", { "-i", cap, "-m", "snapkv", "extra" }, { "unexpected argument 'extra'" } },
+        { "too many threads", { "-i", cap, "-m", "snapkv", "-t", "100000" }, { "--threads 100000 must lie in [0, 512]" } },
+        { "negative threads", { "-i", cap, "-m", "snapkv", "-t", "-3" }, { "--threads -3 must lie in [0, 512]" } },
     };
     const std::string out = fx.out + "/sel.json";
     for (const bad_compress & c : cases) {

@@ -30,8 +30,24 @@ std::string key(const std::string & id, const std::string & method, int32_t budg
     return id + "\x1f" + method + "\x1f" + std::to_string(budget);
 }
 
-// 64-bit content hash of a file (hex), so that a resume with another model or projector of the same name is
-// refused. Reads the file once (a few seconds for a multi-GB model).
+// A 64-bit hash of bytes, 8 at a time through splitmix64: the same on every platform.
+uint64_t hash_bytes(const char * data, size_t n, uint64_t h) {
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t w = 0;
+        std::memcpy(&w, data + i, std::min<size_t>(8, n - i));
+        h = splitmix64(h ^ w);
+    }
+    return splitmix64(h ^ n);
+}
+
+std::string hex(uint64_t h) {
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long) h);
+    return buf;
+}
+
+// Content hash of a file, so that a resume with another model or projector of the same name is refused. Reads the
+// file once (a few seconds for a multi-GB model).
 std::string content_hash(const std::string & path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) {
@@ -40,17 +56,9 @@ std::string content_hash(const std::string & path) {
     uint64_t          h = 0x9e3779b97f4a7c15ull;
     std::vector<char> buf(1 << 20);
     while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
-        const size_t n = size_t(in.gcount());
-        for (size_t i = 0; i < n; i += 8) {
-            uint64_t w = 0;
-            std::memcpy(&w, buf.data() + i, std::min<size_t>(8, n - i));
-            h = splitmix64(h ^ w);
-        }
-        h = splitmix64(h ^ n);
+        h = hash_bytes(buf.data(), size_t(in.gcount()), h);
     }
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long) h);
-    return hex;
+    return hex(h);
 }
 
 // An exclusive flock on <dir>/lock holding the writer's pid. The kernel drops it when the process dies, so a lock
@@ -279,8 +287,11 @@ eval_plan plan_eval(const eval_options & options) {
     }
 
     fs::create_directories(options.out_dir);
-    plan.lock = lock_dir(options.out_dir);
-    check_config(options.out_dir + "/config.json", config_of(options, *plan.metric));
+    plan.lock         = lock_dir(options.out_dir);
+    const json config = config_of(options, *plan.metric);
+    check_config(options.out_dir + "/config.json", config);
+    const std::string text = config.dump();
+    plan.config_id          = hex(hash_bytes(text.data(), text.size(), 0));
     plan.results_path = options.out_dir + "/results" +
                         (options.n_shards > 1 ? ".shard-" + std::to_string(options.shard) + "-of-" +
                                                     std::to_string(options.n_shards)
@@ -320,7 +331,9 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
                 p.budget        = budget;
                 const eval_answer a = method == "full" ? engine.answer_full()
                                                        : engine.answer_compressed(parse_method(method), p);
-                append(out, plan.results_path, record(item, method, budget, pf, a, *plan.metric));
+                json rec      = record(item, method, budget, pf, a, *plan.metric);
+                rec["config"] = plan.config_id;
+                append(out, plan.results_path, rec);
                 written.emplace(method, budget);
             }
         } catch (const write_failure &) {
@@ -331,7 +344,9 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
             }
             for (const auto & mb : todo) {
                 if (!written.count(mb)) {
-                    append(out, plan.results_path, failed_record(item, mb.first, mb.second, e.what()));
+                    json rec      = failed_record(item, mb.first, mb.second, e.what());
+                    rec["config"] = plan.config_id;
+                    append(out, plan.results_path, rec);
                 }
             }
         }

@@ -292,12 +292,26 @@ TEST(eval, resuming_with_other_method_options_is_refused) {
     EXPECT_EQ(config["window"], 2);
     EXPECT_EQ(config["alpha"], 0.8);
     EXPECT_EQ(config["n_predict"], 4);
+    EXPECT_EQ(config["model_hash"].get<std::string>().size(), 16u);  // by content: a same-named other model differs
+    EXPECT_EQ(config["mmproj_hash"].get<std::string>().size(), 16u);
+    const std::string first = read_file(out + "/results.jsonl");
+    EXPECT_EQ(json::parse(first.substr(0, first.find('\n')))["config"].get<std::string>().size(), 16u);
     const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
         { with({ "--window", "3" }), "describes another run (window 2 there, 3 here)" },
         { with({ "--alpha", "0.5" }), "describes another run (alpha 0.8 there, 0.5 here)" },
         { with({ "--kernel", "7" }), "describes another run (kernel 5 there, 7 here)" },
         { with({ "-n", "5" }), "describes another run (n_predict 4 there, 5 here)" },
+        { with({ "--model", f.dir / "other/" + fs::path(f.model).filename().string() }),
+          "describes another run (model_hash " },
     };
+    const std::string other = f.dir / "other/" + fs::path(f.model).filename().string();
+    fs::create_directories(f.dir / "other");
+    fs::copy_file(f.model, other);
+    {  // the same file name in another place, other bytes
+        std::fstream g(other, std::ios::in | std::ios::out | std::ios::binary);
+        g.seekp(-1, std::ios::end);
+        g.put('\x7f');
+    }
     for (const auto & [extra, message] : cases) {
         const run_result r = f.eval(out, extra);  // later options win over the fixture's
         EXPECT_EQ(r.code, 1) << describe(r);

@@ -78,6 +78,17 @@ method_params method_params_from(const cxxopts::ParseResult & args) {
     return p;
 }
 
+int32_t int_in_range(const cxxopts::ParseResult & args, const char * name, int32_t lo, int32_t hi) {
+    const int32_t v = args[name].as<int32_t>();
+    if (v < lo || v > hi) {
+        throw error("--" + std::string(name) + " " + std::to_string(v) + " must lie in [" + std::to_string(lo) + ", " +
+                    std::to_string(hi) + "]");
+    }
+    return v;
+}
+
+int32_t threads_from(const cxxopts::ParseResult & args) { return int_in_range(args, "threads", 0, 512); }
+
 std::vector<std::string> split_list(const std::string & s) {
     std::vector<std::string> out;
     std::stringstream        in(s);

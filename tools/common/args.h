@@ -15,6 +15,12 @@ namespace ecokv::tools {
 // --pyramid-beta, --theta, --sinks, --head-scores, --seed, --merge. --method has no default unless one is given.
 void add_method_options(cxxopts::Options & options, const char * default_method = nullptr);
 
+// -t/--threads: 0 (every core) to 512; anything else is an error naming the option.
+int32_t threads_from(const cxxopts::ParseResult & args);
+
+// An integer option within [lo, hi], else an error naming it and the range.
+int32_t int_in_range(const cxxopts::ParseResult & args, const char * name, int32_t lo, int32_t hi);
+
 // "a,b,,c" -> {"a", "b", "c"}
 std::vector<std::string> split_list(const std::string & s);
 

@@ -50,6 +50,7 @@ int ecokv_compress(int argc, char ** argv) {
         const ecokv::method_params params = ecokv::tools::method_params_from(args);
         ecokv::method_params       checked = params;  // fail on bad options before reading a large capture
         checked.validate(ecokv::method_window(spec, params));
+        const int32_t n_threads = ecokv::tools::threads_from(args);
         if (params.merge == ecokv::merge_kind::none && args.count("merged-output")) {
             throw ecokv::error("--merged-output needs --merge pivot");
         }
@@ -60,7 +61,7 @@ int ecokv_compress(int argc, char ** argv) {
         const std::string        input = args["input"].as<std::string>();
         const ecokv::selection   sel   = [&] {
             try {
-                return ecokv::compress(cap.view(), spec, params, { args["threads"].as<int32_t>() });
+                return ecokv::compress(cap.view(), spec, params, { n_threads });
             } catch (const ecokv::error & e) {  // name the capture in data errors (NaN, window too large)
                 throw ecokv::error(input + ": " + e.what());
             }

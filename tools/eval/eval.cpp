@@ -106,7 +106,7 @@ int ecokv_eval(int argc, char ** argv) {
         o.methods                   = ecokv::tools::split_list(args["methods"].as<std::string>());
         o.budgets                   = parse_budgets(args["budgets"].as<std::string>());
         o.params                    = ecokv::tools::method_params_from(args);
-        o.limit                     = args["limit"].as<int32_t>();
+        o.limit                     = ecokv::tools::int_in_range(args, "limit", 0, INT32_MAX);
         std::tie(o.shard, o.n_shards) = parse_shard(args["shard"].as<std::string>());
         o.n_predict                 = args["n-predict"].as<int32_t>();
         o.out_dir                   = args["out"].as<std::string>();
@@ -119,7 +119,7 @@ int ecokv_eval(int argc, char ** argv) {
         el::session_options so;
         so.model_path  = o.model;
         so.mmproj_path = o.projector;
-        so.n_threads   = args["threads"].as<int32_t>();
+        so.n_threads   = ecokv::tools::threads_from(args);
         const el::session s(so);
         ecokv::run_eval(plan, *el::make_eval_engine(s), progress_printer());
         std::fprintf(stderr, "[eval] results in %s\n", plan.results_path.c_str());

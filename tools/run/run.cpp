@@ -123,7 +123,7 @@ bool parse(int argc, char ** argv, run_options & o) {
         throw error("--image needs --mmproj and --mmproj needs at least one --image");
     }
     o.session.mmproj_path = o.images.empty() ? "" : mmproj;
-    o.session.n_threads   = args["threads"].as<int32_t>();
+    o.session.n_threads   = ecokv::tools::threads_from(args);
     o.text = el::with_media_markers(args.count("prompt") ? args["prompt"].as<std::string>()
                                     : args.count("file") ? read_text(args["file"].as<std::string>())
                                                          : std::string(),

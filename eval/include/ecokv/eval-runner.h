@@ -80,6 +80,7 @@ struct eval_plan {
     std::vector<eval_item>   items;           // this shard's items, in order
     method_requirements      needs;           // the union over methods (one capture serves all)
     std::string              results_path;
+    std::string              config_id;       // hash of config.json, in every record: a record names its run
     std::set<std::string>    done;            // keys of the records already in results_path (a resumed run)
     std::shared_ptr<void>    lock;            // <out_dir>/lock, held while the plan lives: one writer per directory
 };
