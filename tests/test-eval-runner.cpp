@@ -1,0 +1,146 @@
+// The evaluation runner (ecokv/eval-runner.h) with a scripted engine, no model: what it records for answers, for an
+// item the engine cannot process and for output that is not valid UTF-8, and what it checks before any work.
+#include "ecokv/error.h"
+#include "ecokv/eval-runner.h"
+#include "test-util.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+
+namespace {
+
+using namespace ecokv::test;
+using json = nlohmann::json;
+
+// Answers every item with its own gold answer (full cache) or `compressed_output`; fails the items listed in `fail`.
+class scripted_engine : public ecokv::eval_engine {
+  public:
+    std::string              compressed_output = "wrong";
+    std::set<std::string>    fail;
+    std::vector<std::string> prefilled;
+
+    ecokv::eval_prefill prefill(const ecokv::eval_item & item, ecokv::eval_mode, int32_t,
+                                const ecokv::method_requirements & needs) override {
+        prefilled.push_back(item.id);
+        needs_ = needs;
+        if (fail.count(item.id)) {
+            throw ecokv::error("this item cannot be processed");
+        }
+        answer_ = item.answers.at(0);
+        return { 10, 0, 1000, 0.5 };
+    }
+    ecokv::eval_answer answer_full() override { return { answer_, 0.1, 0, 1000, {}, {}, {} }; }
+    ecokv::eval_answer answer_compressed(const ecokv::method_spec &, const ecokv::method_params & p) override {
+        return { compressed_output + "\nsecond line", 0.1, 0.01, uint64_t(p.budget), 0.5, 0.25, { 0.1, 0.2 } };
+    }
+    ecokv::method_requirements needs_;
+
+  private:
+    std::string answer_;
+};
+
+struct runner_fixture {
+    temp_dir            dir;
+    ecokv::eval_options o;
+
+    runner_fixture() {
+        write_file(dir / "model.gguf", "not really a model");
+        o.dataset = "niah";  // generated: no data directory
+        o.limit   = 3;
+        o.methods = { "full", "mixkv" };
+        o.budgets = { 64, 40 };
+        o.params.window = 36;
+        o.out_dir = dir / "out";
+        o.model   = dir / "model.gguf";
+    }
+    std::vector<json> records() const {
+        std::vector<json>  out;
+        std::istringstream lines(read_file(o.out_dir + "/results.jsonl"));
+        for (std::string line; std::getline(lines, line);) {
+            out.push_back(json::parse(line));
+        }
+        return out;
+    }
+};
+
+TEST(eval_runner, records_every_item_method_and_budget) {
+    runner_fixture   f;
+    scripted_engine  engine;
+    ecokv::run_eval(ecokv::plan_eval(f.o), engine);
+    const auto recs = f.records();
+    ASSERT_EQ(recs.size(), 9u);  // 3 items x (full + mixkv at 2 budgets)
+    EXPECT_EQ(engine.prefilled.size(), 3u);
+    EXPECT_EQ(engine.needs_.n_window_queries, 36);  // the window asked for, not a fixed 32
+    for (const json & r : recs) {
+        if (r["method"] == "full") {
+            EXPECT_EQ(r["score"], 1.0) << r.dump();  // the gold answer, exact match
+            EXPECT_FALSE(r.contains("agreement"));
+        } else {
+            EXPECT_EQ(r["method"], "uniform+mixkv");
+            EXPECT_EQ(r["prediction"], "wrong");  // the first line only, for exact match
+            EXPECT_EQ(r["score"], 0.0);
+            EXPECT_EQ(r["kv_bytes_compressed"], r["budget"]);
+            EXPECT_EQ(r["attn_rel_error"], json({ 0.1, 0.2 }));
+        }
+        EXPECT_EQ(r["config"], recs[0]["config"]);
+    }
+    // A resume has nothing left to do: no prefill.
+    scripted_engine again;
+    ecokv::run_eval(ecokv::plan_eval(f.o), again);
+    EXPECT_TRUE(again.prefilled.empty());
+}
+
+TEST(eval_runner, a_failed_item_is_recorded_unless_strict) {
+    runner_fixture  f;
+    scripted_engine engine;
+    engine.fail = { "niah-1" };
+    f.o.strict  = true;
+    EXPECT_EQ(error_of([&] { ecokv::run_eval(ecokv::plan_eval(f.o), engine); }),
+              "item 'niah-1': this item cannot be processed");
+    f.o.strict = false;
+    fs::remove_all(f.o.out_dir);
+    ecokv::run_eval(ecokv::plan_eval(f.o), engine);
+    int failed = 0;
+    for (const json & r : f.records()) {
+        if (r["id"] == "niah-1") {
+            EXPECT_EQ(r["error"], "this item cannot be processed");
+            EXPECT_TRUE(r["score"].is_null());
+            ++failed;
+        }
+    }
+    EXPECT_EQ(failed, 3);
+}
+
+// An output cut inside a UTF-8 character is written with U+FFFD instead of stopping the run at every resume.
+TEST(eval_runner, invalid_utf8_output_is_replaced) {
+    runner_fixture  f;
+    scripted_engine engine;
+    engine.compressed_output = "ab\xe2\x82";  // the first two bytes of the euro sign
+    f.o.limit                = 1;
+    ecokv::run_eval(ecokv::plan_eval(f.o), engine);
+    for (const json & r : f.records()) {
+        if (r["method"] != "full") {
+            EXPECT_EQ(r["prediction"], "ab\xef\xbf\xbd");
+        }
+    }
+}
+
+TEST(eval_runner, options_are_checked_before_any_work) {
+    runner_fixture f;
+    auto           plan_error = [&](auto && change) {
+        ecokv::eval_options o = f.o;
+        change(o);
+        return error_of([&] { ecokv::plan_eval(o); });
+    };
+    EXPECT_EQ(plan_error([](auto & o) { o.n_predict = 0; }), "-n 0 must lie in [1, 1000000]");
+    EXPECT_EQ(plan_error([](auto & o) { o.budgets = { 30 }; }),
+              "--budget 30 must be larger than --window 36 (the budget includes the window)");
+    EXPECT_EQ(plan_error([](auto & o) { o.methods = { "snapk" }; }).substr(0, 24), "unknown method 'snapk'; ");
+    EXPECT_EQ(plan_error([](auto & o) { o.dataset = "nope"; }).substr(0, 24), "unknown dataset 'nope'; ");
+    EXPECT_EQ(plan_error([](auto & o) { o.model = "/no/such/model.gguf"; }), "/no/such/model.gguf: cannot read");
+    EXPECT_FALSE(fs::exists(f.o.out_dir + "/results.jsonl"));
+}
+
+}  // namespace
