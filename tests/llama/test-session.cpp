@@ -17,25 +17,6 @@ namespace {
 using namespace ecokv::test;
 namespace el = ecokv::llama;
 
-std::vector<int32_t> prompt_tokens(int32_t n, int32_t n_vocab, uint32_t seed) {
-    std::vector<int32_t> t;
-    for (int32_t i = 0; i < n; ++i) {
-        seed = seed * 1664525u + 1013904223u;
-        t.push_back(int32_t((seed >> 8) % uint32_t(n_vocab)));
-    }
-    return t;
-}
-
-// max |a - b| / max |b|
-double rel_diff(const std::vector<float> & a, const std::vector<float> & b) {
-    double d = 0, m = 0;
-    for (size_t i = 0; i < b.size(); ++i) {
-        d = std::max(d, std::fabs(double(a[i]) - b[i]));
-        m = std::max(m, std::fabs(double(b[i])));
-    }
-    return d / m;
-}
-
 // llama.cpp's log only for errors.
 const bool quiet = [] {
     el::set_verbose(false);

@@ -9,7 +9,9 @@
 // (keep_reference_weights = false), filled chunk by chunk on n_threads threads with the same values.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -106,6 +108,26 @@ tiny_model make_tiny_model(const tiny_config & cfg);
 // per element, the rest is F32 against our double. Measured on 2-3 layer models: 4e-4 .. 8e-4 typical, 1.0e-3 worst
 // over 40 seeds x {llama, qwen2vl} x {FA auto, FA off}; wrong positions or one hidden key move logits by >= 2e-2.
 inline constexpr double logit_rel_tolerance = 3e-3;
+
+// n token ids below n_vocab from a fixed LCG (the tests' prompts; no <random>).
+inline std::vector<int32_t> prompt_tokens(int32_t n, int32_t n_vocab, uint32_t seed) {
+    std::vector<int32_t> t;
+    for (int32_t i = 0; i < n; ++i) {
+        seed = seed * 1664525u + 1013904223u;
+        t.push_back(int32_t((seed >> 8) % uint32_t(n_vocab)));
+    }
+    return t;
+}
+
+// max |a - b| / max |b|, the measure logit_rel_tolerance bounds.
+inline double rel_diff(const std::vector<float> & a, const std::vector<float> & b) {
+    double d = 0, m = 0;
+    for (size_t i = 0; i < b.size(); ++i) {
+        d = std::max(d, std::fabs(double(a[i]) - b[i]));
+        m = std::max(m, std::fabs(double(b[i])));
+    }
+    return d / m;
+}
 
 // (t, y, x) per token. For text all three equal the sequence position; llama only uses t.
 using position = std::array<int32_t, 3>;
