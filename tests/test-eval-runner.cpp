@@ -92,6 +92,33 @@ TEST(eval_runner, records_every_item_method_and_budget) {
     EXPECT_TRUE(again.prefilled.empty());
 }
 
+// A failed answer fails only its (method, budget); the item's other answers are recorded.
+TEST(eval_runner, a_failed_answer_fails_only_itself) {
+    struct picky_engine : scripted_engine {
+        ecokv::eval_answer answer_compressed(const ecokv::method_spec & spec, const ecokv::method_params & p) override {
+            if (p.budget == 40) {
+                throw ecokv::error("budget 40 is not supported here");
+            }
+            return scripted_engine::answer_compressed(spec, p);
+        }
+    };
+    runner_fixture f;
+    picky_engine   engine;
+    ecokv::run_eval(ecokv::plan_eval(f.o), engine);
+    int failed = 0, answered = 0;
+    for (const json & r : f.records()) {
+        if (r.contains("error")) {
+            EXPECT_EQ(r["budget"], 40) << r.dump();
+            EXPECT_EQ(r["error"], "budget 40 is not supported here");
+            ++failed;
+        } else {
+            ++answered;
+        }
+    }
+    EXPECT_EQ(failed, 3);
+    EXPECT_EQ(answered, 6);
+}
+
 TEST(eval_runner, a_failed_item_is_recorded_unless_strict) {
     runner_fixture  f;
     scripted_engine engine;

@@ -123,6 +123,9 @@ std::vector<std::vector<float>> force(llama_context * ctx, const std::vector<lla
 
 fidelity compare_to_full(llama_context * compressed, const generation & full, llama_pos pos,
                          const std::vector<float> * first, const step_hook & after_step) {
+    if (full.tokens.empty() || full.logits.size() != full.tokens.size()) {
+        throw error("the reference answer has no tokens or was generated without its logits (keep_logits)");
+    }
     fidelity                        f;
     std::vector<std::vector<float>> q  = force(compressed, full.tokens, pos, after_step);
     size_t                          i0 = 1;  // index in full.tokens of the token q[0] predicts

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 
@@ -69,13 +70,29 @@ std::vector<uint8_t> read_state(llama_context * ctx) {
     return s;
 }
 
+// Cells in a sequence state: the u32 after magic, seq_id and n_stream (state-blob.h).
+uint32_t state_cells(const std::vector<uint8_t> & state) {
+    uint32_t n = 0;
+    if (state.size() >= 16) {
+        std::memcpy(&n, state.data() + 12, sizeof n);
+    }
+    return n;
+}
+
+// Replaces the context's cache by the snapshot's, bias included (a snapshot without one clears it). Checked before
+// the cache is cleared where it can be; when llama.cpp still rejects the state the cache is left empty.
 void write_state(llama_context * ctx, const snapshot & s) {
+    const uint32_t n_cells = state_cells(s.state);
+    if (n_cells == 0 || n_cells > llama_n_ctx(ctx)) {
+        throw error("a snapshot of " + std::to_string(n_cells) + " cells does not fit a context of " +
+                    std::to_string(llama_n_ctx(ctx)) + " cells");
+    }
     llama_memory_clear(llama_get_memory(ctx), true);
     if (llama_state_seq_set_data(ctx, s.state.data(), s.state.size(), 0) != s.state.size()) {
-        throw error("llama.cpp rejected the sequence state (" + std::to_string(s.n_cells) + " cells into a context of " +
-                    std::to_string(llama_n_ctx(ctx)) + ")");
+        throw error("llama.cpp rejected the sequence state (" + std::to_string(n_cells) + " cells); the sequence is "
+                    "now empty");
     }
-    if (!s.bias.empty() && !llama_set_kv_head_bias(ctx, s.bias.data(), uint32_t(s.n_cells))) {
+    if (!llama_set_kv_head_bias(ctx, s.bias.empty() ? nullptr : s.bias.data(), uint32_t(s.n_cells)) && !s.bias.empty()) {
         throw error("the model's KV cache does not take a per-head bias (SWA or hybrid memory)");
     }
 }
@@ -332,21 +349,48 @@ struct sequence::impl {
         return *state;
     }
 
+    // Runs f, which decodes from n_past; when it throws, whatever it decoded is removed again, so that n_past and
+    // logits still describe the cache.
+    template <typename F> auto consistent(F && f) {
+        try {
+            return f();
+        } catch (...) {
+            llama_memory_seq_rm(llama_get_memory(ctx.get()), 0, n_past, -1);
+            if (capture) {
+                capture->set_probe(false);
+            }
+            throw;
+        }
+    }
+
     void decode(const std::vector<llama_token> & tokens) {
-        logits     = llama::decode(ctx.get(), tokens, n_past);
+        logits     = consistent([&] { return llama::decode(ctx.get(), tokens, n_past); });
         n_past    += llama_pos(tokens.size());
         own_logits = true;
     }
 
-    // Runs f with the probe recording, collecting the attention outputs after each step.
-    template <typename F> auto probed(std::vector<std::vector<std::vector<float>>> & out, F && f) {
-        if (!capture) {
-            return f(step_hook{});
+    // Greedy decoding (or teacher forcing) through f from n_past: n_past moves past the tokens f decoded and the
+    // logits become the last ones computed. The probe, when asked for and present, records every step into out.
+    template <typename F> auto steps(std::vector<std::vector<std::vector<float>>> * out, F && f) {
+        const bool probe = out != nullptr && capture != nullptr;
+        if (probe) {
+            capture->set_probe(true);
         }
-        capture->set_probe(true);
-        auto r = f(step_hook([&] { out.push_back(capture->attention_outputs()); }));
-        capture->set_probe(false);
+        auto r = consistent([&] {
+            return f(probe ? step_hook([&] { out->push_back(capture->attention_outputs()); }) : step_hook{});
+        });
+        if (probe) {
+            capture->set_probe(false);
+        }
         return r;
+    }
+
+    void advance(size_t n_decoded) {
+        if (n_decoded > 0) {
+            logits     = last_logits(ctx.get());
+            own_logits = true;
+        }
+        n_past += llama_pos(n_decoded);
     }
 };
 
@@ -380,6 +424,9 @@ sequence session::prefill(const prompt & p, int32_t n_extra, const method_requir
     if (!in.chunks) {
         q->decode(in.tokens);
     } else {
+        if (!impl_->projector) {
+            throw error("an image prompt needs a session with a projector");
+        }
         const std::lock_guard<std::mutex> lock(impl_->mtmd_mutex);
         llama_pos                         n_past = 0;
         if (mtmd_helper_eval_chunks(impl_->projector.get(), q->ctx.get(), in.chunks.get(), 0, 0,
@@ -502,13 +549,10 @@ generation sequence::answer(const std::vector<llama_token> & question, int32_t n
     if (!question.empty()) {
         impl_->decode(question);
     }
-    generation g = llama::greedy(impl_->ctx.get(), impl_->logits, impl_->n_past, n, keep_logits);
-    const llama_pos decoded = llama_pos(g.tokens.empty() ? 0 : g.tokens.size() - 1);  // the last one is not decoded
-    if (decoded > 0) {
-        impl_->logits     = last_logits(impl_->ctx.get());
-        impl_->own_logits = true;
-    }
-    impl_->n_past += decoded;
+    generation g = impl_->steps(nullptr, [&](const step_hook &) {
+        return llama::greedy(impl_->ctx.get(), impl_->logits, impl_->n_past, n, keep_logits);
+    });
+    impl_->advance(g.tokens.empty() ? 0 : g.tokens.size() - 1);  // the last token picked is not decoded
     return g;
 }
 
@@ -517,15 +561,10 @@ reference sequence::answer_reference(const std::vector<llama_token> & question, 
         impl_->decode(question);
     }
     reference r;
-    r.answer = impl_->probed(r.attention, [&](const step_hook & hook) {
+    r.answer = impl_->steps(&r.attention, [&](const step_hook & hook) {
         return llama::greedy(impl_->ctx.get(), impl_->logits, impl_->n_past, n, true, hook);
     });
-    const llama_pos decoded = llama_pos(r.answer.tokens.empty() ? 0 : r.answer.tokens.size() - 1);
-    if (decoded > 0) {
-        impl_->logits     = last_logits(impl_->ctx.get());
-        impl_->own_logits = true;
-    }
-    impl_->n_past += decoded;
+    impl_->advance(r.answer.tokens.empty() ? 0 : r.answer.tokens.size() - 1);
     return r;
 }
 
@@ -536,15 +575,10 @@ fidelity_report sequence::fidelity(const std::vector<llama_token> & question, co
     const std::vector<float>                     first = impl_->logits;
     const bool                                   own   = impl_->own_logits;
     std::vector<std::vector<std::vector<float>>> attention;
-    const llama::fidelity f = impl_->probed(attention, [&](const step_hook & hook) {
+    const llama::fidelity f = impl_->steps(&attention, [&](const step_hook & hook) {
         return compare_to_full(impl_->ctx.get(), full.answer, impl_->n_past, own ? &first : nullptr, hook);
     });
-    const llama_pos forced = llama_pos(full.answer.tokens.empty() ? 0 : full.answer.tokens.size() - 1);
-    if (forced > 0) {
-        impl_->logits     = last_logits(impl_->ctx.get());
-        impl_->own_logits = true;
-    }
-    impl_->n_past += forced;
+    impl_->advance(full.answer.tokens.empty() ? 0 : full.answer.tokens.size() - 1);
     return { f.agreement, f.mean_kl, f.n, attention_error(full.attention, attention) };
 }
 
@@ -554,7 +588,7 @@ snapshot sequence::save() const {
     s.bias           = impl_->bias;
     s.logits         = impl_->logits;
     s.own_logits     = impl_->own_logits;
-    s.n_cells        = impl_->n_cells;
+    s.n_cells        = int32_t(state_cells(s.state));  // the entries held, with the tokens decoded since
     s.n_past         = impl_->n_past;
     s.bytes_per_cell = impl_->bytes_per_cell;
     s.kv_bytes_kept  = impl_->kv_kept;
@@ -562,11 +596,25 @@ snapshot sequence::save() const {
 }
 
 void sequence::restore(const snapshot & s) {
-    write_state(impl_->ctx.get(), s);
-    impl_->bias          = s.bias;
-    impl_->logits        = impl_->origin_logits = s.logits;
-    impl_->own_logits    = impl_->origin_own = s.own_logits;
-    impl_->n_past        = impl_->origin_n_past = s.n_past;
+    // The prompt's capture no longer describes the cache: a restored sequence is a plain one.
+    impl_->state.reset();
+    impl_->prefilled = false;
+    impl_->comp      = {};
+    try {
+        write_state(impl_->ctx.get(), s);
+    } catch (...) {
+        impl_->n_past = impl_->origin_n_past = impl_->n_cells = 0;
+        impl_->logits.clear();
+        impl_->origin_logits.clear();
+        throw;
+    }
+    impl_->bias           = s.bias;
+    impl_->n_cells        = s.n_cells;
+    impl_->bytes_per_cell = s.bytes_per_cell;
+    impl_->kv_kept        = s.kv_bytes_kept;
+    impl_->logits         = impl_->origin_logits = s.logits;
+    impl_->own_logits     = impl_->origin_own = s.own_logits;
+    impl_->n_past         = impl_->origin_n_past = s.n_past;
 }
 
 void sequence::rewind() {

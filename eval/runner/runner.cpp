@@ -207,11 +207,6 @@ json failed_record(const eval_item & item, const std::string & method, int32_t b
              { "answers", item.answers }, { "error", why }, { "prediction", nullptr }, { "score", nullptr } };
 }
 
-// A results file that cannot be written ends the run, whatever --strict says.
-struct write_failure : error {
-    using error::error;
-};
-
 // Appends one record as one line, or nothing: a failed write is cut back off before the error.
 void append(std::ofstream & out, const std::string & path, const json & rec) {
     const auto before = out.tellp();
@@ -223,7 +218,7 @@ void append(std::ofstream & out, const std::string & path, const json & rec) {
         out.close();
         std::error_code ec;
         fs::resize_file(path, uintmax_t(before), ec);
-        throw write_failure(path + ": cannot write a result (" + why + ")");
+        throw error(path + ": cannot write a result (" + why + ")");  // ends the run, whatever --strict says
     }
 }
 
@@ -323,32 +318,38 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
         if (todo.empty()) {
             continue;
         }
-        std::set<std::pair<std::string, int32_t>> written;
-        try {
-            const eval_prefill pf = engine.prefill(item, o.mode, o.n_predict, plan.needs);
-            for (const auto & [method, budget] : todo) {
-                method_params p = o.params;
-                p.budget        = budget;
-                const eval_answer a = method == "full" ? engine.answer_full()
-                                                       : engine.answer_compressed(parse_method(method), p);
-                json rec      = record(item, method, budget, pf, a, *plan.metric);
-                rec["config"] = plan.config_id;
-                append(out, plan.results_path, rec);
-                written.emplace(method, budget);
-            }
-        } catch (const write_failure &) {
-            throw;
-        } catch (const error & e) {
+        // A failed prefill fails the whole item; a failed answer only its (method, budget).
+        auto fail = [&](const std::string & method, int32_t budget, const error & e) {
             if (o.strict) {
                 throw error("item '" + item.id + "': " + e.what());
             }
-            for (const auto & mb : todo) {
-                if (!written.count(mb)) {
-                    json rec      = failed_record(item, mb.first, mb.second, e.what());
-                    rec["config"] = plan.config_id;
-                    append(out, plan.results_path, rec);
-                }
+            json rec      = failed_record(item, method, budget, e.what());
+            rec["config"] = plan.config_id;
+            append(out, plan.results_path, rec);
+        };
+        eval_prefill pf;
+        try {
+            pf = engine.prefill(item, o.mode, o.n_predict, plan.needs);
+        } catch (const error & e) {
+            for (const auto & [method, budget] : todo) {
+                fail(method, budget, e);
             }
+            continue;
+        }
+        for (const auto & [method, budget] : todo) {
+            method_params p = o.params;
+            p.budget        = budget;
+            json rec;
+            try {
+                const eval_answer a = method == "full" ? engine.answer_full()
+                                                       : engine.answer_compressed(parse_method(method), p);
+                rec = record(item, method, budget, pf, a, *plan.metric);
+            } catch (const error & e) {
+                fail(method, budget, e);
+                continue;
+            }
+            rec["config"] = plan.config_id;
+            append(out, plan.results_path, rec);
         }
     }
     if (progress) {

@@ -140,6 +140,49 @@ TEST(session, snapshots_restore_in_place_and_resume_elsewhere) {
     }
 }
 
+// A snapshot holds what was decoded since too; restoring one replaces the bias (a uniform one clears it).
+TEST(session, snapshots_carry_decoded_tokens_and_their_own_bias) {
+    const fixture      f;
+    const auto         tokens  = prompt_tokens(30, f.m.config().n_vocab, 8);
+    const el::sequence full    = f.s.prefill(f.s.make_prompt(tokens), 16, window(32));
+    el::sequence       uniform = full.compress(ecokv::parse_method("snapkv+ecokv"), budget(14, 4), 16);
+    el::sequence       padded  = full.compress(ecokv::parse_method("pyramidkv+ecokv"), budget(14, 4), 16);
+    const el::snapshot u       = uniform.save();
+    EXPECT_TRUE(u.bias.empty());
+    EXPECT_FALSE(padded.save().bias.empty());
+    const auto want = uniform.answer({ 5 }, 4, true);
+    padded.restore(u);
+    const auto got = padded.answer({ 5 }, 4, true);
+    EXPECT_EQ(got.tokens, want.tokens);
+    for (size_t i = 0; i < want.logits.size(); ++i) {
+        EXPECT_EQ(got.logits[i], want.logits[i]) << "step " << i;
+    }
+    EXPECT_THROW(padded.compress(ecokv::parse_method("snapkv"), budget(12, 4), 4), ecokv::error);  // no capture now
+
+    const el::snapshot later = padded.save();  // 14 kept + the question + 3 decoded answer tokens
+    EXPECT_EQ(later.n_cells, 14 + 1 + int32_t(got.tokens.size()) - 1);
+    el::sequence moved = f.s.resume(later, 4);
+    EXPECT_EQ(moved.n_past(), padded.n_past());
+    moved.decode({ 9 });
+    padded.decode({ 9 });
+    EXPECT_EQ(moved.logits(), padded.logits());
+}
+
+// A decode that fails (here: more tokens than the context holds) leaves the sequence as it was.
+TEST(session, a_failed_decode_changes_nothing) {
+    const fixture f;
+    const auto    tokens = prompt_tokens(30, f.m.config().n_vocab, 12);
+    el::sequence  seq    = f.s.prefill(f.s.make_prompt(tokens), 4, window(0));
+    const auto    before = seq.logits();
+    EXPECT_THROW(seq.decode(prompt_tokens(300, f.m.config().n_vocab, 13)), ecokv::error);
+    EXPECT_EQ(seq.n_past(), 30);
+    EXPECT_EQ(seq.logits(), before);
+    seq.decode({ 9 });
+    auto next = tokens;
+    next.push_back(9);
+    EXPECT_LT(rel_diff(seq.logits(), reference_logits(f.m, next, text_positions(31))), logit_rel_tolerance);
+}
+
 TEST(session, fidelity_of_a_covering_budget_is_exact) {
     const fixture f;
     const auto    tokens = prompt_tokens(36, f.m.config().n_vocab, 9);

@@ -188,14 +188,16 @@ class sequence {
                       bool probe = false) const;
     const compression_info & compression() const;  // empty selection for an uncompressed sequence
 
-    // Decodes tokens at n_past.
+    // Decodes tokens at n_past. Here and below, a decode that throws (context full, ...) leaves the sequence as it
+    // was before the call.
     void       decode(const std::vector<llama_token> & tokens);
-    // Greedy decoding of up to n tokens from logits() (stops after an end-of-generation token).
+    // Greedy decoding of up to n tokens from logits() (stops after an end-of-generation token). The last token
+    // picked is not decoded: logits() stays the distribution it was picked from; decode it to continue after it.
     generation greedy(int32_t n, bool keep_logits = false);
     // decode(question) when not empty, then greedy(n).
     generation answer(const std::vector<llama_token> & question, int32_t n, bool keep_logits = false);
-    // answer() with the distributions and, when the sequence probes (a prefilled one always can), every step's
-    // attention outputs: the reference of fidelity().
+    // answer() with the distributions and, when the sequence probes (a prefilled one with a capture, or a compressed
+    // one made with probe), every step's attention outputs: the reference of fidelity().
     reference  answer_reference(const std::vector<llama_token> & question, int32_t n);
     // decode(question) when not empty, then teacher forcing on the reference's tokens. The first answer token
     // counts only when its distribution was computed on this cache (the question was decoded here).
@@ -204,8 +206,12 @@ class sequence {
     // Back to the state right after the prompt, the compression or the resumed snapshot: every token decoded since
     // is removed from the cache (no copy; the cells keep their places).
     void     rewind();
+    // Every entry the cache holds (tokens decoded since the prompt included), its bias, position and logits.
     snapshot save() const;
-    void     restore(const snapshot & s);  // must fit this sequence's context; rewind() then comes back to it
+    // Replaces the cache by the snapshot's; it must fit this context. rewind() then comes back to it, and the
+    // sequence no longer has a prefill capture (it cannot compress). When llama.cpp rejects the state, the sequence
+    // is left empty.
+    void     restore(const snapshot & s);
 
   private:
     friend class session;
