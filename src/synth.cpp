@@ -167,6 +167,13 @@ void synth_params::validate() const {
     if (type == dtype::u8) {
         ECOKV_THROW("--dtype must be f32 or f16");
     }
+    // The capture is built in memory: bounded before anything is allocated (2^32 values: 16 GiB in F32).
+    const int64_t dv     = head_dim_v > 0 ? head_dim_v : head_dim;
+    const double  values = double(n_layers) * (double(n_kv_heads) * n_tokens * (head_dim + dv) +
+                                              double(n_heads) * (n_queries + (full_queries ? n_tokens : 0)) * head_dim);
+    if (values > 4294967296.0) {
+        ECOKV_THROW("the capture would hold %.3g values (--layers x --tokens x heads x head_dim), more than 2^32", values);
+    }
     for (const auto & [b, e] : image_spans) {
         if (b < 0 || e > n_tokens || b >= e) {
             ECOKV_THROW("--image-tokens %d:%d must satisfy 0 <= a < b <= --tokens %d", b, e, n_tokens);

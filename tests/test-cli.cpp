@@ -224,6 +224,8 @@ TEST(cli, synth_capture_bad_options) {
         { { "--head-dim", "7" }, "--head-dim 7" },
         { { "--head-dim-v=-3" }, "--head-dim-v -3" },
         { { "--layers", "0" }, "--layers 0" },
+        // 1000 layers x (4 KV heads x 2000000 tokens x (64 + 64) + 8 heads x 32 queries x 64): bounded before allocating
+        { { "--layers", "1000", "--tokens", "2000000" }, "the capture would hold 1.02e+12 values" },
         { { "--layers", "two" }, "two" },
         { { "--bogus" }, "bogus" },
         { { "stray" }, "unexpected argument 'stray'" },

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <map>
+#include <sstream>
+
 namespace {
 
 using namespace ecokv::test;
@@ -64,6 +67,32 @@ TEST(run, questions_are_answered_from_one_compressed_cache) {
                                        "-b", "48", "-n", "12" });
     ASSERT_EQ(small["answers"].size(), 2u);
     EXPECT_EQ(small["cells_per_head"].get<int>(), 48);
+}
+
+// eval checks the context length as run does: an item longer than the model's context is recorded as failed with
+// the reason, the others are answered.
+TEST(eval, an_item_beyond_the_context_is_recorded_as_failed) {
+    temp_dir dir;
+    write_file(dir / "niah.json", R"({"count": 2, "context_words": 1200, "n_lengths": 2, "n_depths": 1})");
+    const run_result r = run_cli(dir.path().string(),
+                                 { "eval", "--model", k_model, "--dataset", "niah", "--data", dir.path().string(),
+                                   "--methods", "full,snapkv", "--budgets", "64", "-n", "4", "-t", "2", "--out",
+                                   dir / "out" });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    std::istringstream lines(read_file(dir / "out/results.jsonl"));
+    std::map<std::string, int> failed, answered;
+    for (std::string line; std::getline(lines, line);) {
+        const json rec = json::parse(line);
+        if (rec.contains("error")) {
+            EXPECT_TRUE(contains(rec["error"].get<std::string>(), "exceeds the model's context of 2048")) << line;
+            ++failed[rec["id"]];
+        } else {
+            ++answered[rec["id"]];
+        }
+    }
+    // Item 0 has 600 words (length level 1 of 2), about 1450 tokens; item 1 1200 words, about 2900.
+    EXPECT_EQ(answered["niah-0"], 2);
+    EXPECT_EQ(failed["niah-1"], 2);
 }
 
 TEST(run, bad_input_gives_a_clear_error) {
