@@ -115,8 +115,10 @@ void tensor_view::row_f32(int64_t i1, int64_t i2, float * out) const {
                 i = f16_to_f32_f16c(h, out, ne[0]);
             }
 #endif
-            for (; i < ne[0]; ++i) {
-                out[i] = f16_to_f32(h[i]);
+            for (; i < ne[0]; ++i) {  // F16 rows may start at odd offsets (safetensors): no aligned uint16_t loads
+                uint16_t v;
+                std::memcpy(&v, reinterpret_cast<const uint8_t *>(h) + i * sizeof(uint16_t), sizeof v);
+                out[i] = f16_to_f32(v);
             }
             return;
         }

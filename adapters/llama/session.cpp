@@ -507,6 +507,10 @@ const capture_view & sequence::capture() const { return impl_->prefill().view();
 void sequence::release_capture() { impl_->state.reset(); }
 
 sequence sequence::compress(const method_spec & spec, const method_params & params, int32_t n_extra, bool probe) const {
+    if (const int32_t window = method_window(spec, params); impl_->n_prompt <= window) {
+        throw error("the prompt has " + std::to_string(impl_->n_prompt) + (impl_->n_prompt == 1 ? " token" : " tokens") +
+                    "; " + spec.name() + " needs more than its observation window of " + std::to_string(window));
+    }
     const prefill_state &          st = impl_->prefill();
     std::unique_ptr<query_capture> observer;
     if (probe) {

@@ -113,6 +113,8 @@ TEST(run, bad_input_gives_a_clear_error) {
         { { "run", "--model", k_model, "-f", dir / "nope.txt", "-m", "ecokv" }, "cannot open prompt file" },
         { { "run", "--model", k_model, "-f", dir.path().string(), "-m", "ecokv" }, "cannot open prompt file" },
         { { "run", "--model", k_model, "-p", "hi", "-t", "100000" }, "--threads 100000 must lie in [0, 512]" },
+        { { "run", "--model", k_model, "-p", "", "-m", "ecokv" },
+          "the prompt has 1 token; uniform+ecokv needs more than its observation window of 4" },
         { { "run", "--model", k_model, "-p", "hi", "-n", "0" }, "-n 0 must lie in [1, 1000000]" },
     };
     for (const auto & [args, message] : cases) {
