@@ -41,11 +41,16 @@ std::vector<int32_t> parse_budgets(const std::string & s) {
     return out;
 }
 
-// On a terminal one line redrawn in place; otherwise one line per item.
+// On a terminal one line redrawn in place; otherwise (a log) one line per 5% of the items, and the last.
 ecokv::eval_progress progress_printer() {
     const auto t0       = std::chrono::steady_clock::now();
     const bool terminal = isatty(fileno(stderr)) != 0;
-    return [t0, terminal](size_t done, size_t total) {
+    return [t0, terminal, last = size_t(-1)](size_t done, size_t total) mutable {
+        const size_t step = total ? 20 * done / total : 20;
+        if (!terminal && step == last && done != total) {
+            return;
+        }
+        last = step;
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const double eta     = done ? elapsed / double(done) * double(total - done) : 0.0;
         std::fprintf(stderr, "%s[eval] %zu/%zu items (%3.0f%%), elapsed %.0fs, ETA %.0fs%s", terminal ? "\r" : "", done,
