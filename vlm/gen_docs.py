@@ -3,7 +3,8 @@
 
 Every item is a pure function of its seed: item i of `--seed S` uses seed S + i, so the same seed gives the
 same bytes. Seed ranges (see vlm/README.md):
-  0 ..   999,999   held-out evaluation (vlm/eval sets, tests, the sample in models/)
+  0 ..   249,999   held-out evaluation (vlm/eval sets, tests, the sample in models/)
+  250,000 .. 999,999   reserved for external checks: never used by the project
   1,000,000 and up training (vlm/train.py draws only from there)
 
 A page is a 12x12 grid of 8x8-pixel character cells (96x96 RGB), so the LLaVA ViT with 8-pixel patches sees
@@ -265,7 +266,7 @@ def write_set(out, seed, count, task, n_fields=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int, required=True, help="first item's seed (held-out: < 1,000,000)")
+    ap.add_argument("--seed", type=int, required=True, help="first item's seed (held-out: < 250,000; 250,000-999,999 reserved)")
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--task", choices=["qa", "read", "row", "multi"], default="qa")

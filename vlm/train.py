@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_docs  # noqa: E402
 from model import BOS, EOS, Config, TinyVLM, decode, encode, vocab  # noqa: E402
 
-EVAL_SEED = 990_000  # held-out items watched during training (inside the evaluation range)
+EVAL_SEED = 230_000  # held-out items watched during training (below 250,000: 250,000-999,999 are reserved)
 
 
 # --- batches -----------------------------------------------------------------------------------------------------
