@@ -14,6 +14,7 @@
 #include "tiny-model.h"
 
 #include "ecokv/error.h"
+#include "ecokv/safetensors.h"
 #include "ecokv/llama-session.h"
 
 #include <cxxopts.hpp>
@@ -686,12 +687,8 @@ void print_tables(const json & out, const options & o, const phase_meter & pm) {
 }
 
 void write_report(const json & out, const options & o, const phase_meter & pm) {
-    if (!o.json_file.empty()) {
-        std::ofstream f(o.json_file);
-        f << out.dump(1) << "\n";
-        if (!f) {
-            throw ecokv::error(o.json_file + ": cannot write");
-        }
+    if (!o.json_file.empty()) {  // temporary file + rename: an interrupted or failed write leaves nothing
+        ecokv::write_file_atomic(o.json_file, out.dump(1) + "\n");
     }
     if (o.json) {
         std::printf("%s\n", out.dump(1).c_str());

@@ -93,6 +93,16 @@ TEST(eval_runner, records_every_item_method_and_budget) {
 }
 
 // A failed answer fails only its (method, budget); the item's other answers are recorded.
+// Two names of one method and a repeated budget run once each.
+TEST(eval_runner, a_method_or_budget_named_twice_runs_once) {
+    runner_fixture f;
+    f.o.methods = { "mixkv", "snapkv+mixkv", "uniform+mixkv" };
+    f.o.budgets = { 64, 64 };
+    scripted_engine engine;
+    ecokv::run_eval(ecokv::plan_eval(f.o), engine);
+    EXPECT_EQ(f.records().size(), 3u);  // 3 items x 1 method x 1 budget
+}
+
 TEST(eval_runner, a_failed_answer_fails_only_itself) {
     struct picky_engine : scripted_engine {
         ecokv::eval_answer answer_compressed(const ecokv::method_spec & spec, const ecokv::method_params & p) override {

@@ -26,19 +26,6 @@ bool uses_longrope(const llama_model * model) {
     return std::string(type) == "longrope";
 }
 
-bool uses_cell_ext(const llama_model * model) {
-    const llama_rope_type t = llama_model_rope_type(model);
-    return t == LLAMA_ROPE_TYPE_MROPE || t == LLAMA_ROPE_TYPE_IMROPE;
-}
-
-std::vector<uint8_t> read_sequence(llama_context * ctx, llama_seq_id seq) {
-    std::vector<uint8_t> bytes(llama_state_seq_get_size(ctx, seq));
-    if (bytes.empty() || llama_state_seq_get_data(ctx, bytes.data(), bytes.size(), seq) != bytes.size()) {
-        throw error("cannot read the sequence state of the prefill context");
-    }
-    return bytes;
-}
-
 // [n_layer][n_head][n_cells]: -INF on the padding cells of each query head's KV group, 0 elsewhere.
 std::vector<float> padding_bias(const selection & sel, int32_t n_heads, int32_t n_cells) {
     const int32_t      n_kv  = int32_t(sel.layers[0].size());
@@ -110,12 +97,7 @@ prefill_state::~prefill_state() = default;
 
 const capture_view & prefill_state::view() const { return impl_->view; }
 
-uint64_t prefill_state::kv_bytes_per_cell() const {
-    const capture_view & v = impl_->view;
-    return uint64_t(v.n_layers) * v.n_kv_heads *
-           (uint64_t(v.head_dim) * dtype_size(v.layers[0].keys.type) +
-            uint64_t(v.head_dim_v) * dtype_size(v.layers[0].values.type));
-}
+uint64_t prefill_state::kv_bytes_per_cell() const { return impl_->blob->bytes_per_cell(); }
 
 int32_t prefill_state::pos_max() const { return impl_->blob->pos_max(); }
 

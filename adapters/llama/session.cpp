@@ -62,27 +62,10 @@ context_ptr new_context(const llama_model * model, const llama_context_params & 
     return ctx;
 }
 
-std::vector<uint8_t> read_state(llama_context * ctx) {
-    std::vector<uint8_t> s(llama_state_seq_get_size(ctx, 0));
-    if (s.empty() || llama_state_seq_get_data(ctx, s.data(), s.size(), 0) != s.size()) {
-        throw error("cannot read the sequence state");
-    }
-    return s;
-}
-
-// Cells in a sequence state: the u32 after magic, seq_id and n_stream (state-blob.h).
-uint32_t state_cells(const std::vector<uint8_t> & state) {
-    uint32_t n = 0;
-    if (state.size() >= 16) {
-        std::memcpy(&n, state.data() + 12, sizeof n);
-    }
-    return n;
-}
-
 // Replaces the context's cache by the snapshot's, bias included (a snapshot without one clears it). Checked before
 // the cache is cleared where it can be; when llama.cpp still rejects the state the cache is left empty.
 void write_state(llama_context * ctx, const snapshot & s) {
-    const uint32_t n_cells = state_cells(s.state);
+    const uint32_t n_cells = state_blob::cell_count(s.state);
     if (n_cells == 0 || n_cells > llama_n_ctx(ctx)) {
         throw error("a snapshot of " + std::to_string(n_cells) + " cells does not fit a context of " +
                     std::to_string(llama_n_ctx(ctx)) + " cells");
@@ -482,13 +465,7 @@ uint64_t sequence::kv_bytes_per_cell() const {
         if (impl_->prefilled && impl_->capture) {
             impl_->prefill();
         } else {  // no capture to build a prefill_state from: parse the state once for its row sizes
-            const llama_model * m = impl_->s->model;
-            const state_blob    b(read_state(impl_->ctx.get()), llama_model_rope_type(m) == LLAMA_ROPE_TYPE_MROPE ||
-                                                                 llama_model_rope_type(m) == LLAMA_ROPE_TYPE_IMROPE,
-                                  llama_model_n_head_kv(m));
-            impl_->bytes_per_cell = uint64_t(b.n_layers()) * llama_model_n_head_kv(m) *
-                                    (uint64_t(b.head_dim_k()) * dtype_size(b.keys(0).type) +
-                                     uint64_t(b.head_dim_v()) * dtype_size(b.values(0).type));
+            impl_->bytes_per_cell = state_blob(impl_->ctx.get()).bytes_per_cell();
         }
     }
     return impl_->bytes_per_cell;
@@ -588,11 +565,11 @@ fidelity_report sequence::fidelity(const std::vector<llama_token> & question, co
 
 snapshot sequence::save() const {
     snapshot s;
-    s.state          = read_state(impl_->ctx.get());
+    s.state          = read_sequence(impl_->ctx.get());
     s.bias           = impl_->bias;
     s.logits         = impl_->logits;
     s.own_logits     = impl_->own_logits;
-    s.n_cells        = int32_t(state_cells(s.state));  // the entries held, with the tokens decoded since
+    s.n_cells        = int32_t(state_blob::cell_count(s.state));  // the entries held, with the tokens decoded since
     s.n_past         = impl_->n_past;
     s.bytes_per_cell = impl_->bytes_per_cell;
     s.kv_bytes_kept  = impl_->kv_kept;

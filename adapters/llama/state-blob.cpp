@@ -58,6 +58,35 @@ template <typename T> void put(std::vector<uint8_t> & out, const T & v) {
 
 }  // namespace
 
+std::vector<uint8_t> read_sequence(llama_context * ctx, llama_seq_id seq) {
+    std::vector<uint8_t> bytes(llama_state_seq_get_size(ctx, seq));
+    if (bytes.empty() || llama_state_seq_get_data(ctx, bytes.data(), bytes.size(), seq) != bytes.size()) {
+        throw error("cannot read the sequence state");
+    }
+    return bytes;
+}
+
+bool uses_cell_ext(const llama_model * model) {
+    const llama_rope_type t = llama_model_rope_type(model);
+    return t == LLAMA_ROPE_TYPE_MROPE || t == LLAMA_ROPE_TYPE_IMROPE;
+}
+
+uint32_t state_blob::cell_count(const std::vector<uint8_t> & bytes) {
+    uint32_t n = 0;  // after u32 magic, i32 seq_id, u32 n_stream
+    if (bytes.size() >= 16) {
+        std::memcpy(&n, bytes.data() + 12, sizeof n);
+    }
+    return n;
+}
+
+state_blob::state_blob(llama_context * ctx) :
+    state_blob(read_sequence(ctx), uses_cell_ext(llama_get_model(ctx)), llama_model_n_head_kv(llama_get_model(ctx))) {}
+
+uint64_t state_blob::bytes_per_cell() const {
+    return uint64_t(n_layers()) * n_kv_heads_ *
+           (uint64_t(head_dim_k_) * dtype_size(k_type_) + uint64_t(head_dim_v_) * dtype_size(v_type_));
+}
+
 state_blob::state_blob(std::vector<uint8_t> bytes, bool has_ext, int32_t n_kv_heads) :
     bytes_(std::move(bytes)),
     has_ext_(has_ext),

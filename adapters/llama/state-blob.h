@@ -12,6 +12,8 @@
 
 #include "ecokv/tensor.h"
 
+#include <llama.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -22,8 +24,20 @@ struct cell_meta {
     int32_t ext[3] = { 0, 0, -1 };  // M-RoPE x, y and the token id (LLAMA_TOKEN_NULL = -1)
 };
 
+// The sequence state of `seq` (llama_state_seq_get_data); throws ecokv::error when llama.cpp gives none.
+std::vector<uint8_t> read_sequence(llama_context * ctx, llama_seq_id seq = 0);
+
+// Whether the model's cache keeps llama_kv_cell_ext per cell (M-RoPE), which the state then carries.
+bool uses_cell_ext(const llama_model * model);
+
 class state_blob {
   public:
+    // Reads the state of sequence 0 of ctx.
+    explicit state_blob(llama_context * ctx);
+
+    // The cell count in the header of a state, without parsing the rest (0 for a too short buffer).
+    static uint32_t cell_count(const std::vector<uint8_t> & bytes);
+
     // Parses `bytes` (copied); has_ext: the model keeps llama_kv_cell_ext per cell (M-RoPE). n_kv_heads
     // splits each cache row into heads. Throws ecokv::error on anything unexpected.
     state_blob(std::vector<uint8_t> bytes, bool has_ext, int32_t n_kv_heads);
@@ -34,6 +48,7 @@ class state_blob {
     int32_t head_dim_v() const { return head_dim_v_; }
     bool    v_trans() const { return v_trans_; }
     int32_t pos_max() const;
+    uint64_t bytes_per_cell() const;  // K + V of one cell over all layers
     // Forgets every cell from n on (tokens decoded after the prompt); the views and compacted() see n cells.
     void    keep_first(int32_t n);
     const std::vector<cell_meta> & cells() const { return cells_; }

@@ -12,6 +12,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -198,7 +199,14 @@ std::vector<std::string> canonical_methods(const eval_options & o, method_requir
         }
         out.push_back(spec.name());
     }
-    return out;
+    // "mixkv,snapkv+mixkv" names one method: run it once.
+    std::vector<std::string> unique;
+    for (const std::string & m : out) {
+        if (std::find(unique.begin(), unique.end(), m) == unique.end()) {
+            unique.push_back(m);
+        }
+    }
+    return unique;
 }
 
 // An item the engine could not process: recorded, so that the report counts it and a resume does not retry it.
@@ -208,8 +216,11 @@ json failed_record(const eval_item & item, const std::string & method, int32_t b
 }
 
 // Appends one record as one line, or nothing: a failed write is cut back off before the error.
-void append(std::ofstream & out, const std::string & path, const json & rec) {
-    const auto before = out.tellp();
+// Every record names its run: the hash of config.json.
+void append(std::ofstream & out, const eval_plan & plan, json rec) {
+    const std::string & path = plan.results_path;
+    rec["config"]            = plan.config_id;
+    const auto before        = out.tellp();
     // Invalid UTF-8 (an answer cut inside a character) becomes U+FFFD instead of an exception.
     out << rec.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     out.flush();  // a killed run loses nothing that was answered
@@ -260,6 +271,9 @@ eval_plan plan_eval(const eval_options & options) {
     const dataset_info & data  = find_dataset(options.dataset);
     plan.metric                = &find_metric(options.metric.empty() ? data.metric : options.metric);
     plan.options.methods       = canonical_methods(options, plan.needs);
+    std::sort(plan.options.budgets.begin(), plan.options.budgets.end());
+    plan.options.budgets.erase(std::unique(plan.options.budgets.begin(), plan.options.budgets.end()),
+                               plan.options.budgets.end());
     if (options.n_shards < 1 || options.shard < 0 || options.shard >= options.n_shards) {
         throw error("--shard must be i/n with 0 <= i < n");
     }
@@ -323,9 +337,7 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
             if (o.strict) {
                 throw error("item '" + item.id + "': " + e.what());
             }
-            json rec      = failed_record(item, method, budget, e.what());
-            rec["config"] = plan.config_id;
-            append(out, plan.results_path, rec);
+            append(out, plan, failed_record(item, method, budget, e.what()));
         };
         eval_prefill pf;
         try {
@@ -348,8 +360,7 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
                 fail(method, budget, e);
                 continue;
             }
-            rec["config"] = plan.config_id;
-            append(out, plan.results_path, rec);
+            append(out, plan, rec);
         }
     }
     if (progress) {

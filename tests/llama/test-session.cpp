@@ -46,6 +46,14 @@ ecokv::method_params budget(int32_t b, int32_t w = -1) {
 struct fixture {
     tiny_model  m = make_tiny_model({});
     el::session s{ *m.get(), two_threads() };
+
+    // Decodes `token` into seq (holding `prompt`, text positions) and checks the logits against the reference.
+    void expect_next_matches_reference(el::sequence & seq, std::vector<int32_t> prompt, int32_t token) const {
+        seq.decode({ token });
+        prompt.push_back(token);
+        EXPECT_LT(rel_diff(seq.logits(), reference_logits(m, prompt, text_positions(int32_t(prompt.size())))),
+                  logit_rel_tolerance);
+    }
 };
 
 TEST(session, independent_sequences_match_the_reference) {
@@ -58,14 +66,8 @@ TEST(session, independent_sequences_match_the_reference) {
     EXPECT_LT(rel_diff(sa.logits(), reference_logits(f.m, a, text_positions(20))), logit_rel_tolerance);
     EXPECT_LT(rel_diff(sb.logits(), reference_logits(f.m, b, text_positions(33))), logit_rel_tolerance);
     // Decoding into one does not touch the other.
-    sa.decode({ 5 });
-    auto a5 = a;
-    a5.push_back(5);
-    EXPECT_LT(rel_diff(sa.logits(), reference_logits(f.m, a5, text_positions(21))), logit_rel_tolerance);
-    sb.decode({ 5 });
-    auto b5 = b;
-    b5.push_back(5);
-    EXPECT_LT(rel_diff(sb.logits(), reference_logits(f.m, b5, text_positions(34))), logit_rel_tolerance);
+    f.expect_next_matches_reference(sa, a, 5);
+    f.expect_next_matches_reference(sb, b, 5);
 }
 
 TEST(session, the_capture_is_sized_from_the_methods_requirements) {
@@ -177,10 +179,7 @@ TEST(session, a_failed_decode_changes_nothing) {
     EXPECT_THROW(seq.decode(prompt_tokens(300, f.m.config().n_vocab, 13)), ecokv::error);
     EXPECT_EQ(seq.n_past(), 30);
     EXPECT_EQ(seq.logits(), before);
-    seq.decode({ 9 });
-    auto next = tokens;
-    next.push_back(9);
-    EXPECT_LT(rel_diff(seq.logits(), reference_logits(f.m, next, text_positions(31))), logit_rel_tolerance);
+    f.expect_next_matches_reference(seq, tokens, 9);
 }
 
 TEST(session, fidelity_of_a_covering_budget_is_exact) {
