@@ -3,7 +3,7 @@
 
 #include "ecokv/error.h"
 #include "ecokv/llama-adapter.h"
-#include "state-blob.h"
+#include "kv-store.h"
 
 #include <mtmd-helper.h>
 #include <mtmd.h>
@@ -62,11 +62,22 @@ context_ptr new_context(const llama_model * model, const llama_context_params & 
     return ctx;
 }
 
-// Replaces the context's cache by the snapshot's, bias included (a snapshot without one clears it). Checked before
-// the cache is cleared where it can be; when llama.cpp still rejects the state the cache is left empty.
-void write_state(llama_context * ctx, const snapshot & s) {
-    const uint32_t n_cells = state_blob::cell_count(s.state);
-    if (n_cells == 0 || n_cells > llama_n_ctx(ctx)) {
+// Replaces the context's cache by the snapshot's. A compressed snapshot first gets a ragged cache of its layout, with
+// room for n_room tokens besides the ones it holds. Checked before the cache is cleared where it can be; when llama.cpp still
+// rejects the state the cache is left empty.
+void write_state(llama_context * ctx, const snapshot & s, int32_t n_room) {
+    const uint32_t n_cells = state_cell_count(s.state);
+    if (!s.layout.empty()) {
+        if (int64_t(s.layout.size()) != int64_t(llama_model_n_layer(llama_get_model(ctx))) * llama_model_n_head_kv(llama_get_model(ctx))) {
+            throw error("the snapshot's layout does not match the model");
+        }
+        if (n_cells == 0 ||
+            !llama_kv_set_ragged(ctx, s.layout.data(), n_cells - 1 + uint32_t(n_room), 0, nullptr, nullptr)) {
+            throw error("cannot make a compressed cache for a snapshot of " + std::to_string(n_cells) + " cells");
+        }
+    } else if (llama_kv_layout(ctx) == 2) {
+        throw error("a full-cache snapshot cannot be restored into a compressed sequence");
+    } else if (n_cells == 0 || n_cells > llama_n_ctx(ctx)) {
         throw error("a snapshot of " + std::to_string(n_cells) + " cells does not fit a context of " +
                     std::to_string(llama_n_ctx(ctx)) + " cells");
     }
@@ -74,9 +85,6 @@ void write_state(llama_context * ctx, const snapshot & s) {
     if (llama_state_seq_set_data(ctx, s.state.data(), s.state.size(), 0) != s.state.size()) {
         throw error("llama.cpp rejected the sequence state (" + std::to_string(n_cells) + " cells); the sequence is "
                     "now empty");
-    }
-    if (!llama_set_kv_head_bias(ctx, s.bias.empty() ? nullptr : s.bias.data(), uint32_t(s.n_cells)) && !s.bias.empty()) {
-        throw error("the model's KV cache does not take a per-head bias (SWA or hybrid memory)");
     }
 }
 
@@ -300,17 +308,17 @@ struct sequence::impl {
     llama_context_params           cparams{};  // of this context (compressed contexts share the V layout)
     std::unique_ptr<query_capture> capture;    // the prefill's queries (and probe), or a probe, or none
     context_ptr                    ctx;
-    mutable std::unique_ptr<prefill_state> state;  // host copy of the prefilled cache, made on demand
+    mutable std::unique_ptr<prefill_state> state;  // views of the prefilled cache, made on demand
     bool                           prefilled = false;
 
-    int32_t              n_cells = 0;
-    llama_pos            n_past  = 0;
-    std::vector<float>   logits;
-    bool                 own_logits = true;
-    std::vector<float>   bias;
-    mutable uint64_t     bytes_per_cell = 0;
-    uint64_t             kv_kept = 0;  // 0: n_cells x bytes_per_cell
-    compression_info     comp;
+    int32_t               n_cells = 0;
+    int32_t               n_extra = 0;  // room for new tokens, besides the prompt's or kept entries
+    llama_pos             n_past  = 0;
+    std::vector<float>    logits;
+    bool                  own_logits = true;
+    std::vector<uint32_t> layout;       // kept entries per (layer, KV head) of a compressed sequence, else empty
+    uint64_t              kv_kept = 0;  // 0: n_cells x bytes per cell
+    compression_info      comp;
 
     int32_t              n_prompt = 0, n_media = 0;
     std::vector<uint8_t> modality;
@@ -326,10 +334,25 @@ struct sequence::impl {
             throw error("the sequence has no prefill capture (prefill it with method requirements to compress it)");
         }
         if (!state) {
-            state          = std::make_unique<prefill_state>(ctx.get(), *capture, modality, 0, n_prompt);
-            bytes_per_cell = state->kv_bytes_per_cell();
+            state = std::make_unique<prefill_state>(ctx.get(), *capture, modality, n_prompt, origin_n_past);
         }
         return *state;
+    }
+
+    // Becomes the compressed cache `cc` of the prompt of `full` (which may be this very sequence).
+    void become_compressed(const impl & full, compressed_cache && cc) {
+        if (cc.ctx) {
+            ctx = std::move(cc.ctx);
+        }
+        state.reset();
+        prefilled = false;
+        layout    = ragged_layout(cc.sel);
+        n_cells   = int32_t(*std::max_element(layout.begin(), layout.end()));
+        n_past = origin_n_past = full.origin_n_past;
+        logits = origin_logits = full.origin_logits;
+        own_logits = origin_own = false;  // the prefill computed them on the full cache
+        kv_kept    = cc.sel.kv_bytes_kept;
+        comp       = { std::move(cc.sel), cc.select_seconds, cc.rebuild_seconds };
     }
 
     // Runs f, which decodes from n_past; when it throws, whatever it decoded is removed again, so that n_past and
@@ -427,6 +450,7 @@ sequence session::prefill(const prompt & p, int32_t n_extra, const method_requir
     q->origin_n_past = q->n_past;
     q->origin_logits = q->logits;
     q->n_cells = q->n_prompt = n_cells;
+    q->n_extra               = n_extra;
     q->n_media               = in.n_media;
     q->modality              = in.modality;
     return sequence(std::move(q));
@@ -437,7 +461,7 @@ sequence session::resume(const snapshot & s, int32_t n_extra, bool probe) const 
     q->s              = impl_.get();
     q->cparams        = context_params(impl_->opts, s.n_cells + n_extra);
     q->n_cells        = s.n_cells;
-    q->bytes_per_cell = s.bytes_per_cell;
+    q->n_extra        = n_extra;
     q->kv_kept        = s.kv_bytes_kept;
     llama_context_params cp = q->cparams;
     if (probe) {
@@ -460,20 +484,9 @@ const std::vector<uint8_t> & sequence::modality() const { return impl_->modality
 double                     sequence::prefill_seconds() const { return impl_->prefill_s; }
 const compression_info &   sequence::compression() const { return impl_->comp; }
 
-uint64_t sequence::kv_bytes_per_cell() const {
-    if (impl_->bytes_per_cell == 0) {
-        if (impl_->prefilled && impl_->capture) {
-            impl_->prefill();
-        } else {  // no capture to build a prefill_state from: parse the state once for its row sizes
-            impl_->bytes_per_cell = state_blob(impl_->ctx.get()).bytes_per_cell();
-        }
-    }
-    return impl_->bytes_per_cell;
-}
+uint64_t sequence::kv_bytes_per_cell() const { return llama::kv_bytes_per_cell(impl_->ctx.get()); }
 
-uint64_t sequence::kv_bytes_allocated() const {
-    return llama::kv_bytes_allocated(impl_->ctx.get(), kv_bytes_per_cell());
-}
+uint64_t sequence::kv_bytes_allocated() const { return llama::kv_bytes_allocated(impl_->ctx.get()); }
 
 uint64_t sequence::kv_bytes_kept() const {
     return impl_->kv_kept ? impl_->kv_kept : uint64_t(impl_->n_cells) * kv_bytes_per_cell();
@@ -483,41 +496,40 @@ const capture_view & sequence::capture() const { return impl_->prefill().view();
 
 void sequence::release_capture() { impl_->state.reset(); }
 
-sequence sequence::compress(const method_spec & spec, const method_params & params, int32_t n_extra, bool probe) const {
+void sequence::check_window(const method_spec & spec, const method_params & params) const {
     if (const int32_t window = method_window(spec, params); impl_->n_prompt <= window) {
         throw error("the prompt has " + std::to_string(impl_->n_prompt) + (impl_->n_prompt == 1 ? " token" : " tokens") +
                     "; " + spec.name() + " needs more than its observation window of " + std::to_string(window));
     }
+}
+
+sequence sequence::compress(const method_spec & spec, const method_params & params, int32_t n_extra, bool probe) const {
+    check_window(spec, params);
     const prefill_state &          st = impl_->prefill();
     std::unique_ptr<query_capture> observer;
     if (probe) {
         observer = std::make_unique<query_capture>(impl_->s->model, 1, false);
         observer->set_active(false);
     }
-    compressed_cache cc = compress_context(impl_->s->model, st, spec, params, n_extra, impl_->cparams,
-                                           observer.get());
-    auto q            = std::make_unique<impl>();
-    q->s              = impl_->s;
-    q->cparams        = impl_->cparams;
-    q->cparams.n_ctx  = llama_n_ctx(cc.ctx.get());
-    q->capture        = std::move(observer);
-    q->ctx            = std::move(cc.ctx);
-    q->n_cells        = cc.n_cells;
-    q->n_past         = impl_->origin_n_past;
-    q->logits         = impl_->origin_logits;
-    q->own_logits     = false;  // the prefill computed them on the full cache
-    q->origin_n_past  = q->n_past;
-    q->origin_logits  = q->logits;
-    q->origin_own     = false;
-    q->bias           = std::move(cc.bias);
-    q->bytes_per_cell = st.kv_bytes_per_cell();
-    q->kv_kept        = cc.kv_bytes_kept;
-    q->comp           = { std::move(cc.sel), cc.select_seconds, cc.rebuild_seconds };
-    q->n_prompt       = impl_->n_prompt;
-    q->n_media        = impl_->n_media;
-    q->modality       = impl_->modality;
-    q->prefill_s      = impl_->prefill_s;
+    compressed_cache cc = compress_context(impl_->s->model, st, spec, params, n_extra, impl_->cparams, observer.get());
+    auto q       = std::make_unique<impl>();
+    q->s         = impl_->s;
+    q->cparams   = impl_->cparams;
+    q->capture   = std::move(observer);
+    q->n_extra   = n_extra;
+    q->n_prompt  = impl_->n_prompt;
+    q->n_media   = impl_->n_media;
+    q->modality  = impl_->modality;
+    q->prefill_s = impl_->prefill_s;
+    q->become_compressed(*impl_, std::move(cc));
     return sequence(std::move(q));
+}
+
+void sequence::compress_in_place(const method_spec & spec, const method_params & params) {
+    check_window(spec, params);
+    compressed_cache cc = compress_context(impl_->s->model, impl_->prefill(), spec, params, impl_->n_extra,
+                                           impl_->cparams, nullptr, true);
+    impl_->become_compressed(*impl_, std::move(cc));
 }
 
 void sequence::decode(const std::vector<llama_token> & tokens) { impl_->decode(tokens); }
@@ -566,13 +578,13 @@ fidelity_report sequence::fidelity(const std::vector<llama_token> & question, co
 snapshot sequence::save() const {
     snapshot s;
     s.state          = read_sequence(impl_->ctx.get());
-    s.bias           = impl_->bias;
+    s.layout         = impl_->layout;
     s.logits         = impl_->logits;
     s.own_logits     = impl_->own_logits;
-    s.n_cells        = int32_t(state_blob::cell_count(s.state));  // the entries held, with the tokens decoded since
+    // the cells held: a compressed cache's label cell and the tokens decoded since; else the prompt's and those
+    s.n_cells        = int32_t(state_cell_count(s.state));
     s.n_past         = impl_->n_past;
-    s.bytes_per_cell = impl_->bytes_per_cell;
-    s.kv_bytes_kept  = impl_->kv_kept;
+    s.kv_bytes_kept  = kv_bytes_kept();
     return s;
 }
 
@@ -582,16 +594,15 @@ void sequence::restore(const snapshot & s) {
     impl_->prefilled = false;
     impl_->comp      = {};
     try {
-        write_state(impl_->ctx.get(), s);
+        write_state(impl_->ctx.get(), s, impl_->n_extra);
     } catch (...) {
         impl_->n_past = impl_->origin_n_past = impl_->n_cells = 0;
         impl_->logits.clear();
         impl_->origin_logits.clear();
         throw;
     }
-    impl_->bias           = s.bias;
-    impl_->n_cells        = s.n_cells;
-    impl_->bytes_per_cell = s.bytes_per_cell;
+    impl_->layout         = s.layout;
+    impl_->n_cells        = s.layout.empty() ? s.n_cells : int32_t(*std::max_element(s.layout.begin(), s.layout.end()));
     impl_->kv_kept        = s.kv_bytes_kept;
     impl_->logits         = impl_->origin_logits = s.logits;
     impl_->own_logits     = impl_->origin_own = s.own_logits;

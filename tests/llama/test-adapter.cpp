@@ -1,8 +1,8 @@
 // The llama.cpp adapter on random-weight models built in memory, against the plain C++ reference forward of
-// tiny-model.cpp: (a) a budget covering the prompt changes nothing; (b) compaction into a smaller context gives
-// the logits of the full cache with the evicted entries masked, for uniform and non-uniform budgets; (c) decoding
-// continues at the original positions, M-RoPE included; (d) the capture holds the cache's own K/V and the
-// post-RoPE queries.
+// tiny-model.cpp: (a) a budget covering the prompt changes nothing; (b) the ragged cache of the kept entries gives
+// the logits of the full cache with the evicted entries masked, for uniform and non-uniform budgets, in a new
+// context or in place, and allocates exactly the kept entries plus the room asked for; (c) decoding continues at the
+// original positions, M-RoPE included; (d) the capture holds the cache's own K/V and the post-RoPE queries.
 #include "ecokv/llama-adapter.h"
 #include "ecokv/llama-generate.h"
 #include "tiny-model.h"
@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 namespace {
 
@@ -28,9 +29,10 @@ const bool quiet = [] {
     return true;
 }();
 
-llama_context_params context_params(int32_t n_ctx) {
+llama_context_params context_params(int32_t n_ctx, bool flash = true) {
     llama_context_params p = llama_context_default_params();
     p.n_ctx                = uint32_t(n_ctx);
+    p.flash_attn_type      = flash ? LLAMA_FLASH_ATTN_TYPE_AUTO : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     p.n_batch = p.n_ubatch = uint32_t(n_ctx);
     p.n_seq_max            = 1;
     p.n_threads = p.n_threads_batch = 2;
@@ -45,13 +47,20 @@ struct prefill {
     std::vector<int32_t>  tokens;
     std::vector<position> positions;
 
-    prefill(const tiny_model & m, std::vector<int32_t> tok, std::vector<position> pos, int32_t n_queries = 32) :
+    prefill(const tiny_model & m, std::vector<int32_t> tok, std::vector<position> pos, int32_t n_queries = 32,
+            bool flash = true) :
         model(m), capture(m.get(), n_queries, true), tokens(std::move(tok)), positions(std::move(pos)) {
-        llama_context_params p = context_params(512);
+        llama_context_params p = context_params(512, flash);
         capture.attach(p);
         ctx.reset(llama_init_from_model(m.get(), p));
         EXPECT_EQ(decode_prompt(ctx.get(), m, tokens, positions), 0);
         capture.set_active(false);
+    }
+
+    // The cache as an ecokv capture; the next position follows the prompt's last.
+    el::prefill_state state(std::vector<uint8_t> modality = {}) const {
+        return el::prefill_state(ctx.get(), capture, std::move(modality), int32_t(tokens.size()),
+                                 positions.back()[0] + 1);
     }
 
     std::vector<uint8_t> modality() const {
@@ -75,20 +84,20 @@ ecokv::method_params budget(int32_t b, int32_t window = -1) {
 
 // Decodes `next` one token at a time into the compressed context from position t0 and compares every step's
 // logits with the reference in which the new tokens see only the kept prompt entries (and each other).
-void expect_masked_reference(const prefill & pf, el::compressed_cache & cc, const std::vector<int32_t> & next,
-                             int32_t t0) {
+void expect_masked_reference(const prefill & pf, llama_context * ctx, const ecokv::selection & sel,
+                             const std::vector<int32_t> & next, int32_t t0) {
     const int32_t n_prompt = int32_t(pf.tokens.size());
     auto          keep     = [&](int32_t il, int32_t g, int32_t qi, int32_t kj) {
         if (qi < n_prompt || kj >= n_prompt) {
             return true;
         }
-        const auto & kept = cc.sel.layers[il][g].kept;
+        const auto & kept = sel.layers[il][g].kept;
         return std::binary_search(kept.begin(), kept.end(), kj);
     };
     std::vector<int32_t>  tokens    = pf.tokens;
     std::vector<position> positions = pf.positions;
     for (size_t s = 0; s < next.size(); ++s) {
-        const std::vector<float> got = el::decode(cc.ctx.get(), { next[s] }, t0 + int32_t(s));
+        const std::vector<float> got = el::decode(ctx, { next[s] }, t0 + int32_t(s));
         tokens.push_back(next[s]);
         positions.push_back({ t0 + int32_t(s), t0 + int32_t(s), t0 + int32_t(s) });
         const std::vector<float> want = reference_logits(pf.model, tokens, positions, keep);
@@ -99,14 +108,30 @@ void expect_masked_reference(const prefill & pf, el::compressed_cache & cc, cons
     }
 }
 
+// The ragged cache's bytes counted by hand: per layer and KV head, the kept entries, the label cell and the room,
+// each head_dim F16 values of K and of V.
+uint64_t ragged_bytes(const ecokv::selection & sel, int32_t n_room, int32_t head_dim) {
+    uint64_t rows = 0;
+    for (const auto & layer : sel.layers) {
+        for (const auto & h : layer) {
+            rows += h.kept.size() + 1 + uint64_t(n_room);
+        }
+    }
+    return rows * 2 * uint64_t(head_dim) * 2;
+}
+
 TEST(adapter, budget_covering_the_prompt_keeps_the_full_cache_logits) {
     const tiny_model m = make_tiny_model({});
     const auto       tokens = prompt_tokens(24, m.config().n_vocab, 7);
     prefill          pf(m, tokens, text_positions(24));
-    const el::prefill_state state(pf.ctx.get(), pf.capture, {});
+    const el::prefill_state state = pf.state();
     el::compressed_cache cc = el::compress_context(m.get(), state, ecokv::parse_method("snapkv+ecokv"), budget(64), 8,
                                                    context_params(32));
-    EXPECT_EQ(cc.n_cells, 24);
+    for (const auto & layer : cc.sel.layers) {
+        for (const auto & h : layer) {
+            EXPECT_EQ(h.kept.size(), 24u);
+        }
+    }
     for (int32_t s = 0; s < 4; ++s) {
         const int32_t            tok  = 3 + 11 * s;
         const std::vector<float> full = el::decode(pf.ctx.get(), { tok }, 24 + s);
@@ -118,27 +143,53 @@ TEST(adapter, budget_covering_the_prompt_keeps_the_full_cache_logits) {
 TEST(adapter, uniform_compaction_equals_the_masked_reference) {
     const tiny_model m = make_tiny_model({});
     prefill          pf(m, prompt_tokens(40, m.config().n_vocab, 11), text_positions(40));
-    const el::prefill_state state(pf.ctx.get(), pf.capture, {});
+    const el::prefill_state state = pf.state();
     el::compressed_cache cc = el::compress_context(m.get(), state, ecokv::parse_method("snapkv+ecokv"), budget(12), 8,
                                                    context_params(32));
-    EXPECT_EQ(cc.n_cells, 12);
-    EXPECT_TRUE(cc.bias.empty());
-    EXPECT_LT(cc.kv_bytes_alloc, el::kv_bytes_allocated(pf.ctx.get(), state.kv_bytes_per_cell()));
-    expect_masked_reference(pf, cc, { 5, 77, 23 }, 40);
+    EXPECT_EQ(el::kv_bytes_allocated(cc.ctx.get()), ragged_bytes(cc.sel, 8, m.config().head_dim()));
+    EXPECT_EQ(el::kv_bytes_allocated(cc.ctx.get()), 2u * 2 * (12 + 1 + 8) * 2 * 16 * 2);  // 2 layers x 2 heads
+    expect_masked_reference(pf, cc.ctx.get(), cc.sel, { 5, 77, 23 }, 40);
 }
 
-TEST(adapter, non_uniform_budgets_hide_their_padding) {
-    tiny_config c;
-    c.n_layer          = 3;
-    const tiny_model m = make_tiny_model(c);
-    prefill          pf(m, prompt_tokens(48, c.n_vocab, 5), text_positions(48));
-    const el::prefill_state state(pf.ctx.get(), pf.capture, {});
-    for (const char * method : { "pyramidkv+ecokv", "adakv+snapkv" }) {
-        SCOPED_TRACE(method);
-        el::compressed_cache cc = el::compress_context(m.get(), state, ecokv::parse_method(method), budget(14, 4), 8,
-                                                       context_params(64));
-        ASSERT_FALSE(cc.bias.empty()) << "expected different budgets per head";
-        expect_masked_reference(pf, cc, { 9, 31, 64 }, 48);
+// In place, the full cache is replaced by the kept entries: the same logits, the memory of the kept entries only.
+TEST(adapter, in_place_compaction_equals_the_masked_reference) {
+    const tiny_model m = make_tiny_model({});
+    prefill          pf(m, prompt_tokens(40, m.config().n_vocab, 11), text_positions(40));
+    EXPECT_EQ(el::kv_bytes_allocated(pf.ctx.get()), 512u * 2 * 2 * 2 * 16 * 2);  // 512 cells, 2 layers, 2 heads
+    el::compressed_cache cc = el::compress_context(m.get(), pf.state(), ecokv::parse_method("pyramidkv+ecokv"),
+                                                   budget(14, 4), 6, {}, nullptr, true);
+    EXPECT_EQ(cc.ctx, nullptr);
+    EXPECT_EQ(llama_kv_layout(pf.ctx.get()), 2);
+    EXPECT_EQ(el::kv_bytes_allocated(pf.ctx.get()), ragged_bytes(cc.sel, 6, m.config().head_dim()));
+    expect_masked_reference(pf, pf.ctx.get(), cc.sel, { 5, 77, 23, 8, 1, 60 }, 40);
+}
+
+// Every head keeps its own count and allocates exactly that, on llama and qwen2vl, with or without flash attention
+// (V transposed in the prefill context).
+TEST(adapter, non_uniform_budgets_allocate_what_each_head_keeps) {
+    for (const char * arch : { "llama", "qwen2vl" }) {
+        for (const bool flash : { true, false }) {
+            tiny_config c;
+            c.arch             = arch;
+            c.n_layer          = 3;
+            const tiny_model m = make_tiny_model(c);
+            prefill          pf(m, prompt_tokens(48, c.n_vocab, 5), text_positions(48), 32, flash);
+            const el::prefill_state state = pf.state();
+            for (const char * method : { "pyramidkv+ecokv", "adakv+snapkv", "madakv" }) {
+                SCOPED_TRACE(std::string(arch) + " " + method + (flash ? " FA" : " no FA"));
+                el::compressed_cache cc = el::compress_context(m.get(), state, ecokv::parse_method(method),
+                                                               budget(14, 4), 8, context_params(64, flash));
+                std::set<size_t> counts;
+                for (const auto & layer : cc.sel.layers) {
+                    for (const auto & h : layer) {
+                        counts.insert(h.kept.size());
+                    }
+                }
+                ASSERT_GT(counts.size(), 1u) << "expected different budgets per head";
+                EXPECT_EQ(el::kv_bytes_allocated(cc.ctx.get()), ragged_bytes(cc.sel, 8, c.head_dim()));
+                expect_masked_reference(pf, cc.ctx.get(), cc.sel, { 9, 31, 64, 2, 17 }, 48);
+            }
+        }
     }
 }
 
@@ -155,11 +206,11 @@ TEST(adapter, mrope_positions_continue_after_an_image) {
         pos.push_back(p);
     }
     prefill                 pf(m, prompt_tokens(int32_t(pos.size()), c.n_vocab, 3), pos, 16);
-    const el::prefill_state state(pf.ctx.get(), pf.capture, pf.modality());
-    EXPECT_EQ(state.pos_max(), 19);
-    el::compressed_cache cc = el::compress_context(m.get(), state, ecokv::parse_method("snapkv+ecokv"), budget(12), 8,
-                                                   context_params(32));
-    expect_masked_reference(pf, cc, { 4, 8 }, 20);  // the next text position is 20, not the token count 28
+    const el::prefill_state state = pf.state(pf.modality());
+    EXPECT_EQ(state.n_past(), 20);
+    el::compressed_cache cc = el::compress_context(m.get(), state, ecokv::parse_method("pyramidkv+ecokv"), budget(12, 4),
+                                                   8, context_params(32));
+    expect_masked_reference(pf, cc.ctx.get(), cc.sel, { 4, 8, 15 }, 20);  // the next text position is 20, not 28
 }
 
 TEST(adapter, capture_holds_the_cache_and_the_post_rope_queries) {
@@ -169,8 +220,8 @@ TEST(adapter, capture_holds_the_cache_and_the_post_rope_queries) {
         c.arch                  = arch;
         const tiny_model m      = make_tiny_model(c);
         prefill          pf(m, prompt_tokens(40, c.n_vocab, 13), text_positions(40), 32);
-        const el::prefill_state state(pf.ctx.get(), pf.capture, {});
-        const ecokv::capture_view & v   = state.view();
+        const el::prefill_state     state = pf.state();
+        const ecokv::capture_view & v     = state.view();
         const auto                  ref = reference_kv(m, pf.tokens, pf.positions);
         ASSERT_EQ(v.n_tokens, 40);
         ASSERT_EQ(v.n_queries, 32);

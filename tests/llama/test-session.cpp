@@ -96,10 +96,12 @@ TEST(session, compression_masks_what_was_evicted) {
     EXPECT_EQ(cover.n_cells(), 40);
     EXPECT_EQ(small.n_cells(), 12);
     EXPECT_EQ(small.n_past(), 40);
-    // A cell: 2 layers x 2 KV heads x head_dim 16 x (K + V) x 2 bytes (F16); llama.cpp allocates 256 cells at least.
+    // A cell: 2 layers x 2 KV heads x head_dim 16 x (K + V) x 2 bytes (F16); llama.cpp allocates 256 cells at least
+    // to a full cache. The compressed one holds, per layer and KV head, the 12 kept entries, the label cell and room
+    // for 8 tokens: 21 entries of 64 bytes.
     EXPECT_EQ(small.kv_bytes_per_cell(), 256u);
     EXPECT_EQ(full.kv_bytes_allocated(), 256u * 256u);
-    EXPECT_EQ(small.kv_bytes_allocated(), 256u * 256u);
+    EXPECT_EQ(small.kv_bytes_allocated(), 2u * 2 * 21 * 64);
     EXPECT_EQ(full.kv_bytes_kept(), 40u * 256u);
     EXPECT_EQ(small.kv_bytes_kept(), 12u * 256u);
     const auto & sel  = small.compression().sel;
@@ -142,16 +144,16 @@ TEST(session, snapshots_restore_in_place_and_resume_elsewhere) {
     }
 }
 
-// A snapshot holds what was decoded since too; restoring one replaces the bias (a uniform one clears it).
-TEST(session, snapshots_carry_decoded_tokens_and_their_own_bias) {
+// A snapshot holds what was decoded since too; restoring one replaces the layout of the cache by its own.
+TEST(session, snapshots_carry_decoded_tokens_and_their_own_layout) {
     const fixture      f;
     const auto         tokens  = prompt_tokens(30, f.m.config().n_vocab, 8);
     const el::sequence full    = f.s.prefill(f.s.make_prompt(tokens), 16, window(32));
     el::sequence       uniform = full.compress(ecokv::parse_method("snapkv+ecokv"), budget(14, 4), 16);
     el::sequence       padded  = full.compress(ecokv::parse_method("pyramidkv+ecokv"), budget(14, 4), 16);
     const el::snapshot u       = uniform.save();
-    EXPECT_TRUE(u.bias.empty());
-    EXPECT_FALSE(padded.save().bias.empty());
+    EXPECT_EQ(u.layout, std::vector<uint32_t>(2 * 2, 14));
+    EXPECT_NE(padded.save().layout, u.layout);
     const auto want = uniform.answer({ 5 }, 4, true);
     padded.restore(u);
     const auto got = padded.answer({ 5 }, 4, true);
@@ -161,8 +163,9 @@ TEST(session, snapshots_carry_decoded_tokens_and_their_own_bias) {
     }
     EXPECT_THROW(padded.compress(ecokv::parse_method("snapkv"), budget(12, 4), 4), ecokv::error);  // no capture now
 
-    const el::snapshot later = padded.save();  // 14 kept + the question + 3 decoded answer tokens
-    EXPECT_EQ(later.n_cells, 14 + 1 + int32_t(got.tokens.size()) - 1);
+    const el::snapshot later = padded.save();  // the label cell + the question + the decoded answer tokens
+    EXPECT_EQ(later.n_cells, 1 + 1 + int32_t(got.tokens.size()) - 1);
+    EXPECT_EQ(padded.kv_bytes_allocated(), uint64_t(2 * 2 * (14 + 1 + 16)) * 64);
     el::sequence moved = f.s.resume(later, 4);
     EXPECT_EQ(moved.n_past(), padded.n_past());
     moved.decode({ 9 });

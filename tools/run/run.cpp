@@ -172,29 +172,36 @@ json run(const run_options & o) {
     }
     const int32_t n_extra = o.n_predict + n_question_max;
 
-    // The prefill's host copy of the cache lives only until the compressed cache exists; the full context itself
-    // only when --compare-full needs it.
+    // The full cache lives on only when --compare-full needs it; otherwise it is compressed in place, freed as the
+    // kept entries are written.
     std::optional<el::sequence> full(s.prefill(s.make_prompt(parts.context, o.images), n_extra,
                                                ecokv::requirements(o.spec, o.params)));
     if (!o.dump_capture.empty()) {
         ecokv::write_capture(o.dump_capture, full->capture());
     }
-    el::sequence comp = full->compress(o.spec, o.params, n_extra);
-    const auto & ci   = comp.compression();
-    json         out  = {
-        { "model", s.description() },                    { "method", ci.sel.method },
-        { "budget", o.params.budget },                   { "window", ci.sel.window },
-        { "prompt_tokens", full->n_prompt() },           { "image_tokens", full->n_media() },
-        { "kv_bytes_full", full->kv_bytes_allocated() }, { "kv_bytes_compressed", comp.kv_bytes_allocated() },
-        { "kv_bytes_prompt", full->kv_bytes_kept() },    { "kv_bytes_kept", comp.kv_bytes_kept() },
-        { "cells_per_head", comp.n_cells() },            { "prefill_s", full->prefill_seconds() },
-        { "compress_s", ci.select_seconds + ci.rebuild_seconds },
-        { "select_s", ci.select_seconds },               { "rebuild_s", ci.rebuild_seconds },
-    };
-    full->release_capture();
-    if (!o.compare_full) {
+    json out = { { "model", s.description() },                    { "budget", o.params.budget },
+                 { "prompt_tokens", full->n_prompt() },           { "image_tokens", full->n_media() },
+                 { "kv_bytes_full", full->kv_bytes_allocated() }, { "kv_bytes_prompt", full->kv_bytes_kept() },
+                 { "prefill_s", full->prefill_seconds() },        { "room_tokens", n_extra } };
+    std::optional<el::sequence> compressed;
+    if (o.compare_full) {
+        compressed.emplace(full->compress(o.spec, o.params, n_extra));
+        full->release_capture();
+    } else {
+        full->compress_in_place(o.spec, o.params);
+        compressed.emplace(std::move(*full));
         full.reset();
     }
+    el::sequence & comp        = *compressed;
+    const auto &   ci          = comp.compression();
+    out["method"]              = ci.sel.method;
+    out["window"]              = ci.sel.window;
+    out["kv_bytes_compressed"] = comp.kv_bytes_allocated();
+    out["kv_bytes_kept"]       = comp.kv_bytes_kept();
+    out["cells_per_head"]      = comp.n_cells();
+    out["compress_s"]          = ci.select_seconds + ci.rebuild_seconds;
+    out["select_s"]            = ci.select_seconds;
+    out["rebuild_s"]           = ci.rebuild_seconds;
 
     json    answers  = json::array();
     double  decode_s = 0, agreement = 0, mean_kl = 0;
@@ -237,13 +244,13 @@ void print_text(const json & out) {
     std::printf("\nmethod    %s (budget %d, window %d)\n", out["method"].get<std::string>().c_str(),
                 out["budget"].get<int>(), out["window"].get<int>());
     std::printf("prompt    %d tokens (text %d, image %d)\n", n_prompt, n_prompt - n_media, n_media);
-    // Entries are what a method keeps; llama.cpp allocates contexts in multiples of 256 cells, so for short
-    // prompts the allocated sizes hide the saving.
+    // Entries are what a method keeps; allocated is the cache itself: a full context rounds up to 256 cells, the
+    // compressed cache holds the kept entries plus room for the question and the answer.
     std::printf("kv cache  prompt entries %.3f MiB -> kept %.3f MiB (%.0f%% saved)\n", kv_prompt / mib, kv_kept / mib,
                 100.0 * (1.0 - double(kv_kept) / double(std::max<uint64_t>(1, kv_prompt))));
-    std::printf("allocated full %.3f MiB -> compressed %.3f MiB (%d cells per head; contexts are multiples of 256 cells)\n",
+    std::printf("allocated full %.3f MiB -> compressed %.3f MiB (longest head %d entries, room for %d new tokens)\n",
                 out["kv_bytes_full"].get<uint64_t>() / mib, out["kv_bytes_compressed"].get<uint64_t>() / mib,
-                out["cells_per_head"].get<int>());
+                out["cells_per_head"].get<int>(), out["room_tokens"].get<int>());
     std::printf("time      prefill %.3f s, compress %.4f s (select %.4f, rebuild %.4f), decode %.3f s (%.1f tok/s)\n",
                 out["prefill_s"].get<double>(), out["compress_s"].get<double>(), out["select_s"].get<double>(),
                 out["rebuild_s"].get<double>(), out["decode_s"].get<double>(), out["decode_tokens_per_s"].get<double>());

@@ -1,9 +1,9 @@
 // ecokv-llama: run the ecokv methods inside llama.cpp 0.5.0. The only ecokv code that includes llama.h.
 //
-// Flow: create the prefill context with a query_capture attached, decode the prompt, wrap the context's
-// sequence state in a prefill_state (keys and values read from the cache itself), select with
-// ecokv::compress(), then compress_context() loads only the kept entries into a new, smaller context that
-// continues decoding at the original positions.
+// Flow: create the prefill context with a query_capture attached, decode the prompt, wrap the context's cache in a
+// prefill_state (keys and values read in place), select with ecokv::compress(), then compress_context() makes a
+// ragged cache holding only the kept entries, per layer and KV head, that continues decoding at the original
+// positions.
 #pragma once
 
 #include "ecokv/compress.h"
@@ -51,54 +51,47 @@ class query_capture {
     std::unique_ptr<impl> impl_;
 };
 
-// Sequence `seq` of a prefilled context as an ecokv capture: keys and values are views of the cache's own
-// bytes (llama_state_seq_get_data), queries come from the capture. Cell t is prompt token t (a fresh
-// single-sequence cache fills cells in order).
+class cache_views;
+
+// Sequence 0 of a prefilled context as an ecokv capture: keys and values are views of the cache's own stores
+// (no copy in host memory), queries come from the capture. Cell t is prompt token t (a fresh single-sequence cache
+// fills cells in order). The state must not outlive the context's full cache.
 class prefill_state {
   public:
-    // modality: one entry per prompt token (0 text, 1 image, 2 audio), or empty for a text prompt. n_prompt, when
-    // given, is the prompt's cell count: cells decoded after it (answers) are left out; otherwise the cache must
-    // hold exactly the captured prompt.
-    prefill_state(llama_context * ctx, const query_capture & capture, std::vector<uint8_t> modality,
-                  llama_seq_id seq = 0, int32_t n_prompt = -1);
+    // modality: one entry per prompt token (0 text, 1 image, 2 audio), or empty for a text prompt. n_prompt: the
+    // prompt's cells (cells decoded after it, answers, are left out); n_past: the position after the prompt.
+    prefill_state(llama_context * ctx, const query_capture & capture, std::vector<uint8_t> modality, int32_t n_prompt,
+                  llama_pos n_past);
     ~prefill_state();
 
     const capture_view & view() const;
-    uint64_t             kv_bytes_per_cell() const;  // K + V bytes of one cell over all layers
-    int32_t              pos_max() const;            // largest position in the cache
-
-    // The state of a sequence holding only the kept entries of `sel`; heads keeping fewer tokens than the
-    // longest are padded (hide the padding with llama_set_kv_head_bias, patches/llama.cpp).
-    std::vector<uint8_t> compacted(const selection & sel, llama_seq_id seq = 0) const;
+    const cache_views &  cache() const;
+    llama_context *      context() const;
+    llama_pos            n_past() const;
 
   private:
     struct impl;
     std::unique_ptr<impl> impl_;
 };
 
-// A decode context holding only the kept KV entries.
+// A cache holding only the kept KV entries (a ragged cache, patches/llama.cpp).
 struct compressed_cache {
-    context_ptr          ctx;
-    selection            sel;
-    std::vector<uint8_t> state;                  // the compacted sequence state (restore it into ctx to reuse it)
-    std::vector<float>   bias;                   // per-head padding bias (non-uniform budgets), else empty
-    int32_t              n_cells          = 0;   // cells holding kept entries
-    uint64_t             kv_bytes_alloc   = 0;   // KV bytes allocated by the new context
-    uint64_t             kv_bytes_kept    = 0;   // kept entries x bytes per entry
-    double               select_seconds   = 0;
-    double               rebuild_seconds  = 0;
+    context_ptr ctx;  // the new context; null when compressed in place
+    selection   sel;
+    double      select_seconds  = 0;
+    double      rebuild_seconds = 0;
 };
 
-// Selects with method/params on `state` and loads the kept entries into a new context created from
-// `model` with `cparams`, its n_ctx set to the kept cells plus n_extra (llama.cpp pads to 256). `cparams` must
-// have the prefill context's flash-attention setting: it decides the V layout of the state. The padding bias of
-// non-uniform budgets is set on the new context; restoring `state` elsewhere needs `bias` too.
-// `observer`, when given, is attached to the new context (e.g. to probe its attention outputs).
+// Selects with method/params on `state` and builds a ragged cache of the kept entries, with room for n_extra more
+// tokens, continuing at the prompt's positions: in a new context created from `model` with `cparams` (its full-size
+// cache is replaced as the kept entries are written), or, with in_place, in the state's own context, whose full
+// cache is freed (the state is then spent). `observer`, when given, is attached to the new context (e.g. to probe
+// its attention outputs).
 compressed_cache compress_context(const llama_model * model, const prefill_state & state, const method_spec & spec,
                                   const method_params & params, int32_t n_extra, llama_context_params cparams,
-                                  query_capture * observer = nullptr);
+                                  query_capture * observer = nullptr, bool in_place = false);
 
-// KV bytes a context allocates: n_ctx cells x bytes per cell.
-uint64_t kv_bytes_allocated(const llama_context * ctx, uint64_t bytes_per_cell);
+uint64_t kv_bytes_allocated(const llama_context * ctx);  // K and V stores of every layer, as allocated
+uint64_t kv_bytes_per_cell(const llama_context * ctx);   // K + V of one token in every KV head and layer
 
 }  // namespace ecokv::llama

@@ -3,12 +3,13 @@
 // compresses into a smaller `sequence`, decodes greedily, saves and restores `snapshot`s, and measures its fidelity
 // to the full cache. `ecokv run`, `ecokv eval`, bench-decode and the server are clients of this API only.
 //
-// Memory. A session holds the model weights and the projector. A sequence holds one context: its KV cache
-// (n_cells + n_extra cells, rounded up by llama.cpp to 256), llama.cpp's compute buffers and, for a prefilled
-// sequence, the captured queries (window rows per layer; every prompt token's with full_queries). capture() makes a
-// host copy of the cache the first time it is called (about the size of the cache itself), kept until
-// release_capture(); compress() needs it. A snapshot is a host copy of the sequence's state (kept cells only for
-// a compressed sequence).
+// Memory. A session holds the model weights and the projector. A sequence holds one context: its KV cache,
+// llama.cpp's compute buffers and, for a prefilled sequence, the captured queries (window rows per layer; every
+// prompt token's with full_queries). A prefilled cache has n_cells + n_extra cells (llama.cpp rounds up to 256); a
+// compressed one is ragged (patches/llama.cpp): each KV head of each layer holds its kept entries and room for
+// n_extra tokens, nothing more. capture() views the cache in place (a copy only of a transposed V, made without flash
+// attention, or of a device cache). A snapshot is a host copy of the sequence's state (kept entries only for a
+// compressed sequence).
 //
 // Errors. Everything a user can cause (missing or unreadable files, images the projector cannot take, prompts
 // longer than the model's context, contexts llama.cpp cannot allocate, bad method parameters) throws ecokv::error
@@ -78,16 +79,15 @@ class prompt {
 
 // The state of a sequence, self-contained: restore it into the same sequence, or resume it in a new one.
 struct snapshot {
-    std::vector<uint8_t> state;                // llama_state_seq_get_data of the sequence
-    std::vector<float>   bias;                 // per-head padding bias (non-uniform budgets), or empty
-    std::vector<float>   logits;               // distribution of the next token
-    bool                 own_logits     = true;  // false: computed on the full cache before compression
-    int32_t              n_cells        = 0;   // cells per head holding entries
-    llama_pos            n_past         = 0;   // next position
-    uint64_t             bytes_per_cell = 0;
-    uint64_t             kv_bytes_kept  = 0;
+    std::vector<uint8_t>  state;               // llama_state_seq_get_data of the sequence
+    std::vector<uint32_t> layout;              // a compressed cache's kept entries per (layer, KV head), or empty
+    std::vector<float>    logits;              // distribution of the next token
+    bool                  own_logits    = true;  // false: computed on the full cache before compression
+    int32_t               n_cells       = 0;   // cells: a compressed cache's label cell and the tokens decoded since
+    llama_pos             n_past        = 0;   // next position
+    uint64_t              kv_bytes_kept = 0;
 
-    size_t bytes() const { return state.size() + (bias.size() + logits.size()) * sizeof(float); }
+    size_t bytes() const { return state.size() + layout.size() * sizeof(uint32_t) + logits.size() * sizeof(float); }
 };
 
 // The full cache's answer to one question, kept as the reference of every compressed cache: tokens, the
@@ -162,12 +162,12 @@ class sequence {
     sequence & operator=(sequence &&) noexcept;
     ~sequence();
 
-    int32_t   n_cells() const;  // cells per head holding entries (prompt or kept; padding included)
+    int32_t   n_cells() const;  // cells holding the prompt, or the longest KV head's kept entries
     llama_pos n_past() const;   // next position (after an M-RoPE image, less than the cells)
     const std::vector<float> & logits() const;  // distribution of the next token
-    uint64_t  kv_bytes_allocated() const;  // the context's cells x bytes per cell
-    uint64_t  kv_bytes_kept() const;       // entries held x bytes per entry (padding excluded)
-    uint64_t  kv_bytes_per_cell() const;   // K + V of one cell over all layers
+    uint64_t  kv_bytes_allocated() const;  // K and V stores of the context, as allocated
+    uint64_t  kv_bytes_kept() const;       // entries held x bytes per entry
+    uint64_t  kv_bytes_per_cell() const;   // K + V of one token in every KV head and layer
 
     // A prefilled sequence's prompt: cells, image cells, modality, prefill time.
     int32_t                      n_prompt() const;
@@ -175,17 +175,20 @@ class sequence {
     const std::vector<uint8_t> & modality() const;
     double                       prefill_seconds() const;
 
-    // The prefill as an ecokv capture (SPEC §7): keys and values are views of a host copy of the prompt's cells,
-    // made on the first call (tokens decoded since are left out); queries from the capture. Only for a prefilled
-    // sequence with a capture.
+    // The prefill as an ecokv capture (SPEC §7): keys and values are views of the prompt's cells in the cache (tokens
+    // decoded since are left out); queries from the capture. Only for a prefilled sequence with a capture.
     const capture_view & capture() const;
     void                 release_capture();
 
-    // Selects with the method and loads the kept entries into a new sequence with room for n_extra tokens, at the
+    // Selects with the method and writes the kept entries into a new sequence with room for n_extra tokens, at the
     // prompt's position with the prompt's logits (whatever this sequence decoded since); with probe, its decodes
-    // record attention outputs for fidelity(). Only for a prefilled sequence with a capture.
+    // record attention outputs for fidelity(). Only for a prefilled sequence with a capture. Memory peaks at this
+    // sequence's cache plus the kept entries plus a new context's compute buffers.
     sequence compress(const method_spec & spec, const method_params & params, int32_t n_extra,
                       bool probe = false) const;
+    // compress() in this sequence's own context, with room for the n_extra tokens prefill() was given: the full cache
+    // is freed as soon as the kept entries are written, so memory peaks at the full cache plus the kept entries.
+    void     compress_in_place(const method_spec & spec, const method_params & params);
     const compression_info & compression() const;  // empty selection for an uncompressed sequence
 
     // Decodes tokens at n_past. Here and below, a decode that throws (context full, ...) leaves the sequence as it
@@ -206,7 +209,7 @@ class sequence {
     // Back to the state right after the prompt, the compression or the resumed snapshot: every token decoded since
     // is removed from the cache (no copy; the cells keep their places).
     void     rewind();
-    // Every entry the cache holds (tokens decoded since the prompt included), its bias, position and logits.
+    // Every entry the cache holds (tokens decoded since the prompt included), its layout, position and logits.
     snapshot save() const;
     // Replaces the cache by the snapshot's; it must fit this context. rewind() then comes back to it, and the
     // sequence no longer has a prefill capture (it cannot compress). When llama.cpp rejects the state, the sequence
@@ -217,6 +220,7 @@ class sequence {
     friend class session;
     struct impl;
     explicit sequence(std::unique_ptr<impl> p);
+    void check_window(const method_spec & spec, const method_params & params) const;
     std::unique_ptr<impl> impl_;
 };
 

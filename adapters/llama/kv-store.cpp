@@ -1,0 +1,188 @@
+#include "kv-store.h"
+
+#include "ecokv/error.h"
+
+#include <ggml-backend.h>
+
+#include <cstring>
+#include <string>
+
+namespace ecokv::llama {
+
+namespace {
+
+dtype cache_dtype(ggml_type t) {
+    if (t == GGML_TYPE_F32) {
+        return dtype::f32;
+    }
+    if (t == GGML_TYPE_F16) {
+        return dtype::f16;
+    }
+    throw error(std::string("KV cache type ") + ggml_type_name(t) +
+                " is not supported yet (use an F16 or F32 cache: --cache-type-k/--cache-type-v f16)");
+}
+
+ggml_tensor * store(const llama_context * ctx, int32_t il, bool v) {
+    ggml_tensor * t = llama_kv_store(ctx, il, v);
+    if (t == nullptr) {
+        throw error("the model's memory is not a plain KV cache with K and V in every layer (SWA, hybrid or MLA)");
+    }
+    return t;
+}
+
+// A [n_kv_heads, n_cells, head_dim] view of rows of n_kv_heads * head_dim elements, one per cell, at `data`.
+tensor_view head_view(const void * data, dtype type, int32_t n_kv, int32_t n_cells, int32_t head_dim, size_t row) {
+    tensor_view v;
+    v.data = data;
+    v.type = type;
+    v.ne   = { head_dim, n_cells, n_kv, 1 };
+    v.nb   = { dtype_size(type), row, size_t(head_dim) * dtype_size(type), 0 };
+    return v;
+}
+
+// Kept rows of one KV head, in the store's type: the method's rewritten rows (F32) where it has them.
+std::vector<uint8_t> gather(const tensor_view & src, int32_t g, const std::vector<int32_t> & kept,
+                            const std::vector<float> & rewritten, ggml_type type) {
+    const size_t         dim = size_t(src.ne[0]);
+    const size_t         row = ggml_row_size(type, int64_t(dim));
+    std::vector<uint8_t> out(row * kept.size());
+    for (size_t i = 0; i < kept.size(); ++i) {
+        uint8_t * dst = out.data() + i * row;
+        if (rewritten.empty()) {
+            std::memcpy(dst, src.row(kept[i], g), row);
+        } else if (type == GGML_TYPE_F32) {
+            std::memcpy(dst, rewritten.data() + i * dim, row);
+        } else {
+            ggml_fp32_to_fp16_row(rewritten.data() + i * dim, reinterpret_cast<ggml_fp16_t *>(dst), int64_t(dim));
+        }
+    }
+    return out;
+}
+
+struct fill_job {
+    const cache_views & src;
+    const selection &   sel;
+    uint32_t            n_cells;  // cells per head of the ragged cache: 1 + n_room
+    std::string         error;
+};
+
+bool fill_layer(int32_t il, ggml_tensor * k, ggml_tensor * v, void * user_data) {
+    auto & job = *static_cast<fill_job *>(user_data);
+    try {
+        size_t row0 = 0;
+        for (size_t g = 0; g < job.sel.layers[il].size(); ++g) {
+            const head_selection & h    = job.sel.layers[il][g];
+            const auto             keys = gather(job.src.keys(il), int32_t(g), h.kept, h.keys, k->type);
+            const auto             vals = gather(job.src.values(il), int32_t(g), h.kept, h.values, v->type);
+            ggml_backend_tensor_set(k, keys.data(), row0 * k->nb[1], keys.size());
+            ggml_backend_tensor_set(v, vals.data(), row0 * v->nb[1], vals.size());
+            row0 += h.kept.size() + job.n_cells;
+        }
+        return true;
+    } catch (const std::exception & e) {
+        job.error = e.what();
+        return false;
+    }
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_sequence(llama_context * ctx, llama_seq_id seq) {
+    std::vector<uint8_t> bytes(llama_state_seq_get_size(ctx, seq));
+    if (bytes.empty() || llama_state_seq_get_data(ctx, bytes.data(), bytes.size(), seq) != bytes.size()) {
+        throw error("cannot read the sequence state");
+    }
+    return bytes;
+}
+
+uint32_t state_cell_count(const std::vector<uint8_t> & bytes) {
+    uint32_t n = 0;  // after u32 magic, i32 seq_id, u32 n_stream (src/llama-context.cpp, src/llama-kv-cache.cpp)
+    if (bytes.size() >= 16) {
+        std::memcpy(&n, bytes.data() + 12, sizeof n);
+    }
+    return n;
+}
+
+uint64_t kv_bytes_allocated(const llama_context * ctx) {
+    uint64_t n = 0;
+    for (int32_t il = 0; il < llama_model_n_layer(llama_get_model(ctx)); ++il) {
+        n += ggml_nbytes(store(ctx, il, false)) + ggml_nbytes(store(ctx, il, true));
+    }
+    return n;
+}
+
+uint64_t kv_bytes_per_cell(const llama_context * ctx) {
+    // a ragged store's row is one head's; the usual one's holds every head
+    const uint64_t heads = llama_kv_layout(ctx) == 2 ? uint64_t(llama_model_n_head_kv(llama_get_model(ctx))) : 1;
+    uint64_t       n     = 0;
+    for (int32_t il = 0; il < llama_model_n_layer(llama_get_model(ctx)); ++il) {
+        const ggml_tensor * k = store(ctx, il, false);
+        const ggml_tensor * v = store(ctx, il, true);
+        n += heads * (ggml_row_size(k->type, k->ne[0]) + ggml_row_size(v->type, v->ne[0]));
+    }
+    return n;
+}
+
+cache_views::cache_views(const llama_context * ctx, int32_t n_cells) {
+    const llama_model * model  = llama_get_model(ctx);
+    const int32_t       n_kv   = llama_model_n_head_kv(model);
+    const int32_t       layout = llama_kv_layout(ctx);
+    if (layout == 2) {
+        throw error("the sequence is compressed already (a ragged cache); compress its prefill instead");
+    }
+    for (int32_t il = 0; il < llama_model_n_layer(model); ++il) {
+        for (const bool is_v : { false, true }) {
+            const ggml_tensor * t = store(ctx, il, is_v);
+            if (t->ne[0] % n_kv != 0 || n_cells > t->ne[1]) {
+                throw error("unexpected KV store shape in layer " + std::to_string(il));
+            }
+            const dtype  type = cache_dtype(t->type);
+            const size_t el   = dtype_size(type);
+            const size_t row  = t->nb[1];  // one cell: every head
+            const void * data = t->data;
+            const bool   host = t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer);
+            if (is_v && layout == 1) {  // [n_embd][n_cells_total]: gather each cell's row
+                auto & copy = owned_.emplace_back(row * n_cells);
+                std::vector<uint8_t> column(size_t(t->ne[1]) * el);
+                for (int64_t j = 0; j < t->ne[0]; ++j) {
+                    ggml_backend_tensor_get(const_cast<ggml_tensor *>(t), column.data(), size_t(j) * t->ne[1] * el, column.size());
+                    for (int32_t c = 0; c < n_cells; ++c) {
+                        std::memcpy(copy.data() + c * row + j * el, column.data() + c * el, el);
+                    }
+                }
+                data = copy.data();
+            } else if (!host) {
+                auto & copy = owned_.emplace_back(row * n_cells);
+                ggml_backend_tensor_get(const_cast<ggml_tensor *>(t), copy.data(), 0, copy.size());
+                data = copy.data();
+            }
+            (is_v ? v_ : k_).push_back(head_view(data, type, n_kv, n_cells, int32_t(t->ne[0] / n_kv), row));
+        }
+    }
+}
+
+std::vector<uint32_t> ragged_layout(const selection & sel) {
+    std::vector<uint32_t> n_keep;
+    for (const auto & layer : sel.layers) {
+        for (const head_selection & h : layer) {
+            n_keep.push_back(uint32_t(h.kept.size()));
+        }
+    }
+    return n_keep;
+}
+
+void make_ragged(llama_context * ctx, const cache_views & src, const selection & sel, int32_t n_room, llama_pos pos) {
+    if (int32_t(sel.layers.size()) != src.n_layers()) {
+        throw error("the selection has " + std::to_string(sel.layers.size()) + " layers, the cache " +
+                    std::to_string(src.n_layers()));
+    }
+    const std::vector<uint32_t> n_keep = ragged_layout(sel);
+    fill_job                    job{ src, sel, uint32_t(1 + n_room), {} };
+    if (!llama_kv_set_ragged(ctx, n_keep.data(), uint32_t(n_room), pos, fill_layer, &job)) {
+        throw error(job.error.empty() ? "llama.cpp cannot make this cache ragged (a plain single-sequence KV cache "
+                                        "with K and V in every layer is needed, and memory for the kept entries)"
+                                      : "writing the kept entries failed: " + job.error);
+    }
+}
+
+}  // namespace ecokv::llama

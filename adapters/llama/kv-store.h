@@ -1,0 +1,44 @@
+// ecokv-llama internals: the KV stores of a llama.cpp context (llama_kv_store, patches/llama.cpp), read in place, and
+// the ragged cache a compression builds from them (llama_kv_set_ragged).
+#pragma once
+
+#include "ecokv/llama-adapter.h"
+
+#include <llama.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace ecokv::llama {
+
+// The sequence state of `seq` (llama_state_seq_get_data); throws ecokv::error when llama.cpp gives none.
+std::vector<uint8_t> read_sequence(llama_context * ctx, llama_seq_id seq = 0);
+// The cell count in the header of a state, without parsing the rest (0 for a too short buffer).
+uint32_t state_cell_count(const std::vector<uint8_t> & bytes);
+
+
+// Cells [0, n_cells) of a cache in the usual layout (cell t is prompt token t) as [n_kv_heads, n_cells, head_dim]
+// views of its K and V stores: no copy where the stores are in host memory; a transposed V store (a context made
+// without flash attention) or a device store is copied, one layer at a time.
+class cache_views {
+  public:
+    cache_views(const llama_context * ctx, int32_t n_cells);
+
+    int32_t     n_layers() const { return int32_t(k_.size()); }
+    tensor_view keys(int32_t il) const { return k_[il]; }
+    tensor_view values(int32_t il) const { return v_[il]; }
+
+  private:
+    std::vector<tensor_view>          k_, v_;
+    std::vector<std::vector<uint8_t>> owned_;  // copies, where the stores could not be viewed
+};
+
+// Replaces the cache of ctx by a ragged one holding what `sel` keeps of `src` (the rows a merge method rewrote
+// instead of the originals) and room for n_room tokens, the kept entries standing at position pos. `src` may view
+// ctx's own cache: it is read before the old stores are freed. Throws ecokv::error, leaving ctx as it was.
+void make_ragged(llama_context * ctx, const cache_views & src, const selection & sel, int32_t n_room, llama_pos pos);
+
+// The kept entries per (layer, KV head) of a selection, the layout llama_kv_set_ragged takes.
+std::vector<uint32_t> ragged_layout(const selection & sel);
+
+}  // namespace ecokv::llama
