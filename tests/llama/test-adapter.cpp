@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <set>
 
 namespace {
@@ -191,6 +192,40 @@ TEST(adapter, non_uniform_budgets_allocate_what_each_head_keeps) {
             }
         }
     }
+}
+
+// LOOK-M's pivot merge rewrites kept rows: the ragged cache holds the rewritten rows (as F16), not the originals.
+TEST(adapter, merged_rows_are_what_the_cache_holds) {
+    const tiny_model m = make_tiny_model({});
+    prefill          pf(m, prompt_tokens(40, m.config().n_vocab, 21), text_positions(40));
+    const el::prefill_state st = pf.state();
+    ecokv::method_params    p  = budget(12, 4);
+    p.merge                    = ecokv::merge_kind::pivot;
+    el::compressed_cache cc = el::compress_context(m.get(), st, ecokv::parse_method("lookm"), p, 4, context_params(32));
+    const int32_t d       = m.config().head_dim();
+    size_t        changed = 0;
+    for (int32_t il = 0; il < m.config().n_layer; ++il) {
+        for (const bool v : { false, true }) {
+            const ggml_tensor * store = llama_kv_store(cc.ctx.get(), il, v);
+            ASSERT_EQ(store->type, GGML_TYPE_F16);
+            const auto * rows = static_cast<const ggml_fp16_t *>(store->data);
+            size_t       row0 = 0;
+            for (const auto & h : cc.sel.layers[il]) {
+                const std::vector<float> & merged = v ? h.values : h.keys;
+                ASSERT_EQ(merged.size(), h.kept.size() * d);
+                for (size_t i = 0; i < merged.size(); ++i) {
+                    EXPECT_EQ(rows[row0 * d + i], ggml_fp32_to_fp16(merged[i])) << "layer " << il << " row " << i / d;
+                }
+                const ecokv::tensor_view src = v ? st.view().layers[il].values : st.view().layers[il].keys;
+                for (size_t i = 0; i < h.kept.size(); ++i) {
+                    changed += std::memcmp(rows + (row0 + i) * d, src.row(h.kept[i], &h - cc.sel.layers[il].data()),
+                                           d * sizeof(ggml_fp16_t)) != 0;
+                }
+                row0 += h.kept.size() + 1 + 4;
+            }
+        }
+    }
+    EXPECT_GT(changed, 0u) << "the merge rewrote no row: the test has no power";
 }
 
 TEST(adapter, mrope_positions_continue_after_an_image) {
