@@ -1,5 +1,7 @@
 #include "ecokv/llama-generate.h"
 
+#include <mtmd.h>
+
 #include "ecokv/error.h"
 
 #include <algorithm>
@@ -29,6 +31,57 @@ std::string detokenize(const llama_model * model, const std::vector<llama_token>
         }
     }
     return out;
+}
+
+namespace {
+
+// The plain format (llama-generate.h): leading media markers keep their lines, then "\n" and the text.
+std::string plain_chat_text(const llama_model * model, const std::vector<chat_message> & messages) {
+    const std::string marker = mtmd_default_marker();
+    const char *      eos    = llama_vocab_get_text(llama_model_get_vocab(model), llama_vocab_eos(llama_model_get_vocab(model)));
+    std::string       out;
+    for (const chat_message & m : messages) {
+        if (m.role == "assistant") {
+            out += m.content + (eos ? eos : "");
+            continue;
+        }
+        if (m.role == "system") {
+            out += m.content + "\n";
+            continue;
+        }
+        size_t at = 0;
+        while (m.content.compare(at, marker.size(), marker) == 0) {
+            at += marker.size();
+            at += at < m.content.size() && m.content[at] == '\n';
+        }
+        out += m.content.substr(0, at) + "\n" + m.content.substr(at);
+    }
+    return out;
+}
+
+}  // namespace
+
+std::string chat_text(const llama_model * model, const std::vector<chat_message> & messages) {
+    const char * tmpl = llama_model_chat_template(model, nullptr);
+    if (tmpl == nullptr) {
+        return plain_chat_text(model, messages);
+    }
+    std::vector<llama_chat_message> msgs;
+    size_t                          size = 512;
+    for (const chat_message & m : messages) {
+        msgs.push_back({ m.role.c_str(), m.content.c_str() });
+        size += 2 * m.content.size() + 64;
+    }
+    std::vector<char> buf(size);
+    int32_t n = llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), true, buf.data(), int32_t(buf.size()));
+    if (n > int32_t(buf.size())) {
+        buf.resize(size_t(n));
+        n = llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), true, buf.data(), int32_t(buf.size()));
+    }
+    if (n < 0) {
+        throw error("the model's chat template is not one llama.cpp knows");
+    }
+    return std::string(buf.data(), size_t(n));
 }
 
 std::string chat_prompt(const llama_model * model, const std::string & user) {

@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 
 namespace ecokv::llama {
@@ -32,6 +34,23 @@ struct mtmd_deleter {
     void operator()(mtmd_context * c) const { mtmd_free(c); }
     void operator()(mtmd_input_chunks * c) const { mtmd_input_chunks_free(c); }
     void operator()(mtmd_bitmap * b) const { mtmd_bitmap_free(b); }
+};
+
+constexpr uint64_t k_image_unit = uint64_t(1) << 63;  // prompt::units(): an image, its content hash below
+
+// FNV-1a over an image's bytes: two requests sending the same image give the same prompt unit.
+uint64_t image_hash(const std::vector<uint8_t> & bytes) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint8_t b : bytes) {
+        h = (h ^ b) * 0x100000001b3ull;
+    }
+    return h & (k_image_unit - 1);
+}
+
+// A bad image, by its index among the prompt's images.
+struct image_error : error {
+    size_t index;
+    image_error(size_t i, const std::string & what) : error("image " + std::to_string(i + 1) + ": " + what), index(i) {}
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -137,6 +156,8 @@ struct prompt::impl {
     int32_t                                          n_cells = 0;
     int32_t                                          n_media = 0;
     std::vector<uint8_t>                             modality;
+    std::vector<uint64_t>                            units;  // see prompt::units()
+    std::vector<int32_t>                             cells;  // cells before each unit, and the total at the end
 };
 
 prompt::prompt(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -145,6 +166,8 @@ prompt & prompt::operator=(prompt &&) noexcept = default;
 prompt::~prompt()                              = default;
 
 int32_t prompt::n_cells() const { return impl_->n_cells; }
+const std::vector<uint64_t> & prompt::units() const { return impl_->units; }
+int32_t prompt::cells_before(size_t unit) const { return impl_->cells.at(unit); }
 int32_t prompt::n_media() const { return impl_->n_media; }
 const std::vector<uint8_t> & prompt::modality() const { return impl_->modality; }
 
@@ -237,6 +260,14 @@ std::string session::detokenize(const std::vector<llama_token> & tokens) const {
 
 std::string session::chat_prompt(const std::string & user) const { return llama::chat_prompt(impl_->model, user); }
 
+std::string session::chat_text(const std::vector<chat_message> & messages) const {
+    return llama::chat_text(impl_->model, messages);
+}
+
+bool session::is_end_of_generation(llama_token token) const {
+    return llama_vocab_is_eog(llama_model_get_vocab(impl_->model), token);
+}
+
 prompt_parts session::split_prompt(const std::string & context) const {
     const std::string marker   = "\x01" "ECOKV_QUESTION" "\x01";
     const std::string rendered = chat_prompt(context + "\n" + marker);
@@ -250,11 +281,34 @@ prompt_parts session::split_prompt(const std::string & context) const {
 prompt session::make_prompt(std::vector<llama_token> tokens) const {
     auto p     = std::make_unique<prompt::impl>();
     p->n_cells = int32_t(tokens.size());
-    p->tokens  = std::move(tokens);
+    p->units.assign(tokens.begin(), tokens.end());
+    for (int32_t i = 0; i <= p->n_cells; ++i) {
+        p->cells.push_back(i);
+    }
+    p->tokens = std::move(tokens);
     return prompt(std::move(p));
 }
 
 prompt session::make_prompt(const std::string & text, const std::vector<std::string> & images) const {
+    if (!images.empty() && !impl_->projector) {
+        throw error("images need a projector (--mmproj)");
+    }
+    std::vector<std::vector<uint8_t>> bytes;
+    for (const std::string & path : images) {
+        std::ifstream in(path, std::ios::binary);
+        if (!in || std::filesystem::is_directory(path)) {
+            throw error(path + ": cannot read the image");
+        }
+        bytes.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    try {
+        return make_prompt_from_memory(text, bytes);
+    } catch (const image_error & e) {
+        throw error(images[e.index] + std::string(e.what()).substr(std::string(e.what()).find(':')));
+    }
+}
+
+prompt session::make_prompt_from_memory(const std::string & text, const std::vector<std::vector<uint8_t>> & images) const {
     if (images.empty()) {
         return make_prompt(tokenize(text, true));
     }
@@ -273,13 +327,19 @@ prompt session::make_prompt(const std::string & text, const std::vector<std::str
     const std::lock_guard<std::mutex>                         lock(impl_->mtmd_mutex);
     std::vector<std::unique_ptr<mtmd_bitmap, mtmd_deleter>>   bitmaps;
     std::vector<const mtmd_bitmap *>                          ptrs;
-    for (const std::string & path : images) {
-        bitmaps.emplace_back(mtmd_helper_bitmap_init_from_file(impl_->projector.get(), path.c_str(), false,
-                                                               mtmd_helper_init_opt_default()).bitmap);
+    std::vector<uint64_t>                                     hashes;
+    for (size_t i = 0; i < images.size(); ++i) {
+        if (images[i].empty()) {
+            throw image_error(i, "empty image");
+        }
+        bitmaps.emplace_back(mtmd_helper_bitmap_init_from_buf(impl_->projector.get(), images[i].data(),
+                                                              images[i].size(), false,
+                                                              mtmd_helper_init_opt_default()).bitmap);
         if (!bitmaps.back()) {
-            throw error(path + ": cannot read the image");
+            throw image_error(i, "cannot decode the image (PNG, JPEG, BMP or GIF expected)");
         }
         ptrs.push_back(bitmaps.back().get());
+        hashes.push_back(image_hash(images[i]));
     }
     auto p = std::make_unique<prompt::impl>();
     p->chunks.reset(mtmd_input_chunks_init());
@@ -289,14 +349,27 @@ prompt session::make_prompt(const std::string & text, const std::vector<std::str
         throw error(rc == 1 ? "the prompt's media markers do not match the number of images"
                             : "an image could not be preprocessed for this projector");
     }
+    size_t n_images = 0;
     for (size_t i = 0; i < mtmd_input_chunks_size(p->chunks.get()); ++i) {
         const mtmd_input_chunk * c    = mtmd_input_chunks_get(p->chunks.get(), i);
         const auto               type = mtmd_input_chunk_get_type(c);
         const uint8_t m = type == MTMD_INPUT_CHUNK_TYPE_TEXT ? 0 : type == MTMD_INPUT_CHUNK_TYPE_IMAGE ? 1 : 2;
         const size_t  n = mtmd_input_chunk_get_n_tokens(c);
+        if (m == 0) {
+            size_t              n_text = 0;
+            const llama_token * text   = mtmd_input_chunk_get_tokens_text(c, &n_text);
+            for (size_t t = 0; t < n_text; ++t) {
+                p->cells.push_back(int32_t(p->modality.size() + t));
+                p->units.push_back(uint64_t(text[t]));
+            }
+        } else {  // one unit per image, named by its content
+            p->cells.push_back(int32_t(p->modality.size()));
+            p->units.push_back(k_image_unit | (n_images < hashes.size() ? hashes[n_images++] : 0));
+        }
         p->modality.insert(p->modality.end(), n, m);
         p->n_media += m != 0 ? int32_t(n) : 0;
     }
+    p->cells.push_back(int32_t(p->modality.size()));
     p->n_cells = int32_t(mtmd_helper_get_n_tokens(p->chunks.get()));
     return prompt(std::move(p));
 }
@@ -375,6 +448,55 @@ struct sequence::impl {
         own_logits = true;
     }
 
+    // Decodes units [from, to) of `in` at n_past: text tokens in batches, images encoded and decoded by libmtmd.
+    void eval(const prompt::impl & in, size_t from, size_t to) {
+        if (!in.chunks) {
+            decode(std::vector<llama_token>(in.tokens.begin() + ptrdiff_t(from), in.tokens.begin() + ptrdiff_t(to)));
+            return;
+        }
+        const llama_pos start      = n_past;
+        bool            image_last = false;
+        try {
+            size_t unit = 0;
+            for (size_t i = 0; i < mtmd_input_chunks_size(in.chunks.get()) && unit < to; ++i) {
+                const mtmd_input_chunk * c = mtmd_input_chunks_get(in.chunks.get(), i);
+                if (mtmd_input_chunk_get_type(c) == MTMD_INPUT_CHUNK_TYPE_TEXT) {
+                    size_t              n    = 0;
+                    const llama_token * text = mtmd_input_chunk_get_tokens_text(c, &n);
+                    const size_t        a = std::max(from, unit), b = std::min(to, unit + n);
+                    if (a < b) {
+                        decode(std::vector<llama_token>(text + (a - unit), text + (b - unit)));
+                        image_last = false;
+                    }
+                    unit += n;
+                    continue;
+                }
+                if (unit++ < from) {
+                    continue;
+                }
+                if (!s->projector) {
+                    throw error("an image prompt needs a session with a projector");
+                }
+                const std::lock_guard<std::mutex> lock(s->mtmd_mutex);
+                llama_pos                         next = n_past;
+                if (mtmd_helper_eval_chunk_single(s->projector.get(), ctx.get(), c, n_past, 0,
+                                                  int32_t(llama_n_batch(ctx.get())), true, &next) != 0) {
+                    throw error("evaluating an image of the prompt failed (context full?)");
+                }
+                n_past     = next;
+                image_last = true;
+            }
+            if (image_last) {  // libmtmd computes no logits for image embeddings: this throws
+                logits     = last_logits(ctx.get());
+                own_logits = true;
+            }
+        } catch (...) {  // as decode(): nothing of this call stays
+            llama_memory_seq_rm(llama_get_memory(ctx.get()), 0, start, -1);
+            n_past = start;
+            throw;
+        }
+    }
+
     // Greedy decoding (or teacher forcing) through f from n_past: n_past moves past the tokens f decoded and the
     // logits become the last ones computed. The probe, when asked for and present, records every step into out.
     template <typename F> auto steps(std::vector<std::vector<std::vector<float>>> * out, F && f) {
@@ -405,8 +527,9 @@ sequence::sequence(sequence &&) noexcept             = default;
 sequence & sequence::operator=(sequence &&) noexcept = default;
 sequence::~sequence()                                = default;
 
-sequence session::prefill(const prompt & p, int32_t n_extra, const method_requirements & needs) const {
-    const int32_t n_cells = p.n_cells();
+sequence session::prefill(const prompt & p, int32_t n_extra, const method_requirements & needs, size_t n_units) const {
+    n_units               = std::min(n_units, p.units().size());
+    const int32_t n_cells = p.cells_before(n_units);
     if (n_cells == 0) {
         throw error("the prompt is empty");
     }
@@ -425,23 +548,9 @@ sequence session::prefill(const prompt & p, int32_t n_extra, const method_requir
     }
     q->ctx = new_context(model(), pp);
 
-    const auto                    t0   = std::chrono::steady_clock::now();
-    const prompt::impl &          in   = *p.impl_;
-    if (!in.chunks) {
-        q->decode(in.tokens);
-    } else {
-        if (!impl_->projector) {
-            throw error("an image prompt needs a session with a projector");
-        }
-        const std::lock_guard<std::mutex> lock(impl_->mtmd_mutex);
-        llama_pos                         n_past = 0;
-        if (mtmd_helper_eval_chunks(impl_->projector.get(), q->ctx.get(), in.chunks.get(), 0, 0,
-                                    int32_t(llama_n_batch(q->ctx.get())), true, &n_past) != 0) {
-            throw error("evaluating the multimodal prompt failed");
-        }
-        q->logits = last_logits(q->ctx.get());
-        q->n_past = n_past;
-    }
+    const auto           t0 = std::chrono::steady_clock::now();
+    const prompt::impl & in = *p.impl_;
+    q->eval(in, 0, n_units);
     q->prefill_s = seconds_since(t0);
     if (q->capture) {
         q->capture->set_active(false);
@@ -451,8 +560,10 @@ sequence session::prefill(const prompt & p, int32_t n_extra, const method_requir
     q->origin_logits = q->logits;
     q->n_cells = q->n_prompt = n_cells;
     q->n_extra               = n_extra;
-    q->n_media               = in.n_media;
-    q->modality              = in.modality;
+    if (!in.modality.empty()) {
+        q->modality.assign(in.modality.begin(), in.modality.begin() + n_cells);
+        q->n_media = int32_t(std::count_if(q->modality.begin(), q->modality.end(), [](uint8_t m) { return m != 0; }));
+    }
     return sequence(std::move(q));
 }
 
@@ -533,6 +644,13 @@ void sequence::compress_in_place(const method_spec & spec, const method_params &
 }
 
 void sequence::decode(const std::vector<llama_token> & tokens) { impl_->decode(tokens); }
+
+void sequence::append(const prompt & p, size_t from) {
+    if (from > p.units().size()) {
+        throw error("append: the prompt has " + std::to_string(p.units().size()) + " units, not " + std::to_string(from));
+    }
+    impl_->eval(*p.impl_, from, p.units().size());
+}
 
 generation sequence::greedy(int32_t n, bool keep_logits) {
     return answer({}, n, keep_logits);

@@ -18,6 +18,16 @@ std::string              detokenize(const llama_model * model, const std::vector
 // when the model has no template.
 std::string chat_prompt(const llama_model * model, const std::string & user);
 
+struct chat_message {
+    std::string role;     // system, user or assistant
+    std::string content;  // text, with libmtmd media markers where images go
+};
+
+// The chat template applied to a conversation, with the assistant prefix. A model without a template gets the
+// plain format the bundled tiny VLM was trained on: a system message and "\n", then per user message "\n" and its
+// content (media markers each followed by "\n" come first), per assistant message its content and the EOS text.
+std::string chat_text(const llama_model * model, const std::vector<chat_message> & messages);
+
 // Decodes `tokens` into sequence 0 at positions pos0, pos0 + 1, ... in batches of the context's n_batch;
 // returns the logits after the last token. Throws ecokv::error when llama_decode fails.
 std::vector<float> decode(llama_context * ctx, const std::vector<llama_token> & tokens, llama_pos pos0);

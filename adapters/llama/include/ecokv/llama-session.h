@@ -69,9 +69,14 @@ class prompt {
     int32_t                      n_cells() const;   // KV cells: text tokens + image embeddings
     int32_t                      n_media() const;   // image/audio cells
     const std::vector<uint8_t> & modality() const;  // per cell: 0 text, 1 image, 2 audio; empty for text
+    // The prompt as units: a text token is its id, an image is one unit, bit 63 set and a hash of its bytes below.
+    // Two prompts that share a prefix of units share the cache of that prefix.
+    const std::vector<uint64_t> & units() const;
+    int32_t                       cells_before(size_t unit) const;  // cells of units [0, unit); unit <= units().size()
 
   private:
     friend class session;
+    friend class sequence;
     struct impl;
     explicit prompt(std::unique_ptr<impl> p);
     std::unique_ptr<impl> impl_;
@@ -141,12 +146,20 @@ class session {
     // `text` (BOS added) with images (files) where it holds libmtmd's media markers, one per image
     // (with_media_markers() puts them first).
     prompt make_prompt(const std::string & text, const std::vector<std::string> & images = {}) const;
+    // The same with images given as encoded bytes (PNG, JPEG, BMP, GIF); errors name the image by its position.
+    prompt make_prompt_from_memory(const std::string & text, const std::vector<std::vector<uint8_t>> & images) const;
     prompt make_prompt(std::vector<llama_token> tokens) const;
+    // The chat template applied to a conversation (with the assistant prefix); without a template, the plain format
+    // of the bundled tiny VLM (llama-generate.h).
+    std::string chat_text(const std::vector<chat_message> & messages) const;
+    bool        is_end_of_generation(llama_token token) const;
 
     // Prefills `p` into a new sequence of p.n_cells() + n_extra cells, capturing the queries `needs` asks for (at
     // least 32 window rows, SPEC §7; nothing when needs.n_window_queries is 0). Throws when the prompt and the new
     // tokens exceed the model's training context.
-    sequence prefill(const prompt & p, int32_t n_extra, const method_requirements & needs) const;
+    // Only the first n_units units of the prompt when given (append() the rest later).
+    sequence prefill(const prompt & p, int32_t n_extra, const method_requirements & needs,
+                     size_t n_units = size_t(-1)) const;
     // A new sequence holding `s`, with room for n_extra more tokens.
     sequence resume(const snapshot & s, int32_t n_extra, bool probe = false) const;
 
@@ -194,6 +207,8 @@ class sequence {
     // Decodes tokens at n_past. Here and below, a decode that throws (context full, ...) leaves the sequence as it
     // was before the call.
     void       decode(const std::vector<llama_token> & tokens);
+    // Decodes the units of `p` from `from` on at n_past (text and images): a new turn on a kept cache.
+    void       append(const prompt & p, size_t from);
     // Greedy decoding of up to n tokens from logits() (stops after an end-of-generation token). The last token
     // picked is not decoded: logits() stays the distribution it was picked from; decode it to continue after it.
     generation greedy(int32_t n, bool keep_logits = false);
