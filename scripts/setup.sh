@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build git pkg-config libgtest-dev libgmock-dev libbenchmark-dev
-          nlohmann-json3-dev libcxxopts-dev python3-numpy)
+          nlohmann-json3-dev libcxxopts-dev libcpp-httplib-dev curl python3-numpy)
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)  # npm fetches the llama.cpp source
 # Without libopenblas0-pthread Debian's torch runs on the reference BLAS, about 9x slower.
 [[ " $* " == *" --training "* ]] && packages+=(python3-torch libopenblas0-pthread python3-matplotlib)
@@ -28,6 +28,8 @@ if ((${#missing[@]})); then
 fi
 
 bash scripts/fetch-llama.sh
+echo "== test clients for ecokv serve (npm: openai, autocannon; tests/server/package-lock.json)"
+(cd tests/server && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 echo "== building (build/)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"

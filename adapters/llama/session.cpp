@@ -137,6 +137,8 @@ void set_verbose(bool verbose) {
     mtmd_helper_log_set(log_filter, nullptr);
 }
 
+std::string media_marker() { return mtmd_default_marker(); }
+
 std::string with_media_markers(std::string text, size_t n_images) {
     if (n_images == 0 || text.find(mtmd_default_marker()) != std::string::npos) {
         return text;

@@ -9,6 +9,7 @@ int ecokv_report(int argc, char ** argv);
 #ifdef ECOKV_HAVE_LLAMA
 int ecokv_run(int argc, char ** argv);
 int ecokv_eval(int argc, char ** argv);
+int ecokv_serve(int argc, char ** argv);
 #endif
 
 namespace {
@@ -23,6 +24,7 @@ const command k_commands[] = {
 #ifdef ECOKV_HAVE_LLAMA
     { "run",           "prefill a GGUF model, compress its KV cache, decode from the smaller cache", ecokv_run },
     { "eval",          "run a benchmark for every method x budget, resumable, shardable", ecokv_eval },
+    { "serve",         "an OpenAI-compatible chat server with compressed, reusable conversation caches", ecokv_serve },
 #endif
     { "report",        "merge eval results into a methods x budgets table (Markdown, CSV, JSON)", ecokv_report },
     { "compress",      "select the kept KV entries of a capture with any method", ecokv_compress },

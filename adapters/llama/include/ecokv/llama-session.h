@@ -58,6 +58,8 @@ struct prompt_parts {
 
 // `text` with one libmtmd media marker per image at its start, unless it already holds markers.
 std::string with_media_markers(std::string text, size_t n_images);
+// libmtmd's media marker: where an image goes in a prompt's text.
+std::string media_marker();
 
 // A tokenized prompt: text tokens, or libmtmd chunks when there are images. Made by a session; tied to it.
 class prompt {

@@ -1,0 +1,217 @@
+#include "chat-request.h"
+
+#include "ecokv/llama-session.h"
+
+
+#include <array>
+
+namespace ecokv::serve {
+
+using json = nlohmann::json;
+
+namespace {
+
+const json & field(const json & j, const char * key, json::value_t type, const std::string & where) {
+    static const json none;
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null()) {
+        return none;
+    }
+    const bool ok = it->type() == type || (type == json::value_t::number_float && it->is_number()) ||
+                    (type == json::value_t::number_integer && it->is_number_integer());
+    if (!ok) {
+        throw bad_request(where + key, std::string("'") + where + key + "' has the wrong type");
+    }
+    return *it;
+}
+
+// A message's content: a string, or parts of type text and image_url. Images become media markers, first.
+void read_content(const json & content, size_t index, chat_request & r, llama::chat_message & m) {
+    const std::string where = "messages[" + std::to_string(index) + "].content";
+    if (content.is_string()) {
+        m.content = content.get<std::string>();
+        return;
+    }
+    if (!content.is_array()) {
+        throw bad_request(where, "'" + where + "' must be a string or an array of parts");
+    }
+    std::string markers, text;
+    for (size_t i = 0; i < content.size(); ++i) {
+        const json &      part = content[i];
+        const std::string at   = where + "[" + std::to_string(i) + "]";
+        const json &      type = part.is_object() ? field(part, "type", json::value_t::string, at + ".") : json();
+        if (type == "text") {
+            const json & t = field(part, "text", json::value_t::string, at + ".");
+            text += (text.empty() ? "" : "\n") + (t.is_string() ? t.get<std::string>() : "");
+        } else if (type == "image_url") {
+            const json & u = part.contains("image_url") ? part["image_url"] : json();
+            const json & url = u.is_object() ? field(u, "url", json::value_t::string, at + ".image_url.")
+                               : u.is_string() ? u : json();
+            if (!url.is_string()) {
+                throw bad_request(at + ".image_url", "'" + at + ".image_url' needs a url");
+            }
+            if (m.role != "user") {
+                throw bad_request(at, "images are taken in user messages only");
+            }
+            r.images.push_back(decode_data_url(url.get<std::string>()));
+            markers += std::string(llama::media_marker()) + "\n";
+        } else {
+            throw bad_request(at + ".type", "'" + at + ".type' must be text or image_url");
+        }
+    }
+    m.content = markers + text;
+}
+
+}  // namespace
+
+request_error bad_request(const std::string & param, const std::string & message) {
+    return request_error(400, "invalid_request_error", param, message);
+}
+
+std::vector<uint8_t> decode_data_url(const std::string & url) {
+    const size_t comma = url.find(',');
+    if (url.rfind("data:image/", 0) != 0 || comma == std::string::npos ||
+        url.compare(comma - 7, 7, ";base64") != 0) {
+        throw bad_request("image_url", "images must be data URLs (data:image/png;base64,...); remote URLs are not "
+                                       "fetched");
+    }
+    static const std::array<int8_t, 256> table = [] {
+        std::array<int8_t, 256> t{};
+        t.fill(-1);
+        const char * abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        for (int i = 0; i < 64; ++i) {
+            t[uint8_t(abc[i])] = int8_t(i);
+        }
+        return t;
+    }();
+    std::vector<uint8_t> out;
+    out.reserve((url.size() - comma) * 3 / 4);
+    uint32_t acc = 0;
+    int      n = 0, pad = 0;
+    for (size_t i = comma + 1; i < url.size(); ++i) {
+        const uint8_t c = uint8_t(url[i]);
+        if (c == '=') {
+            ++pad;
+            continue;
+        }
+        if (table[c] < 0 || pad > 0) {
+            throw bad_request("image_url", "the image's base64 data is malformed");
+        }
+        acc = acc << 6 | uint32_t(table[c]);
+        if (++n == 4) {
+            out.insert(out.end(), { uint8_t(acc >> 16), uint8_t(acc >> 8), uint8_t(acc) });
+            acc = 0;
+            n   = 0;
+        }
+    }
+    if (n == 1 || pad > 2) {
+        throw bad_request("image_url", "the image's base64 data is malformed");
+    }
+    if (n == 2) {
+        out.push_back(uint8_t(acc >> 4));
+    } else if (n == 3) {
+        out.insert(out.end(), { uint8_t(acc >> 10), uint8_t(acc >> 2) });
+    }
+    if (out.empty()) {
+        throw bad_request("image_url", "the image is empty");
+    }
+    return out;
+}
+
+chat_request parse_chat_request(const json & body, const request_limits & limits) {
+    if (!body.is_object()) {
+        throw bad_request("", "the request body must be a JSON object");
+    }
+    chat_request r;
+    const json & model = field(body, "model", json::value_t::string, "");
+    r.model            = model.is_string() ? model.get<std::string>() : "";
+    const json & msgs  = field(body, "messages", json::value_t::array, "");
+    if (!msgs.is_array() || msgs.empty()) {
+        throw bad_request("messages", "'messages' must be a non-empty array");
+    }
+    for (size_t i = 0; i < msgs.size(); ++i) {
+        const std::string at = "messages[" + std::to_string(i) + "]";
+        if (!msgs[i].is_object()) {
+            throw bad_request(at, "'" + at + "' must be an object");
+        }
+        const json & role = field(msgs[i], "role", json::value_t::string, at + ".");
+        if (role != "system" && role != "user" && role != "assistant") {
+            throw bad_request(at + ".role", "'" + at + ".role' must be system, user or assistant");
+        }
+        llama::chat_message m{ role.get<std::string>(), "" };
+        const json & content = msgs[i].contains("content") ? msgs[i]["content"] : json();
+        if (content.is_null()) {
+            throw bad_request(at + ".content", "'" + at + ".content' is missing");
+        }
+        read_content(content, i, r, m);
+        r.messages.push_back(std::move(m));
+    }
+    if (r.messages.back().role != "user") {
+        throw bad_request("messages", "the last message must be the user's");
+    }
+    if (r.images.size() > limits.max_images) {
+        throw bad_request("messages", "at most " + std::to_string(limits.max_images) + " images per request");
+    }
+    const json & max_tokens = body.contains("max_completion_tokens")
+                                  ? field(body, "max_completion_tokens", json::value_t::number_integer, "")
+                                  : field(body, "max_tokens", json::value_t::number_integer, "");
+    r.max_tokens = limits.max_tokens_default;
+    if (!max_tokens.is_null()) {
+        if (max_tokens.get<int64_t>() < 1 || max_tokens.get<int64_t>() > limits.max_tokens_limit) {
+            throw bad_request("max_tokens", "'max_tokens' must lie in [1, " + std::to_string(limits.max_tokens_limit) + "]");
+        }
+        r.max_tokens = max_tokens.get<int32_t>();
+    }
+    const json & temperature = field(body, "temperature", json::value_t::number_float, "");
+    if (!temperature.is_null()) {
+        r.temperature = temperature.get<double>();
+        if (!(r.temperature >= 0 && r.temperature <= 2)) {
+            throw bad_request("temperature", "'temperature' must lie in [0, 2]");
+        }
+    }
+    const json & seed = field(body, "seed", json::value_t::number_integer, "");
+    if (!seed.is_null()) {
+        r.seed     = seed.get<uint64_t>();
+        r.has_seed = true;
+    }
+    if (body.contains("stop") && !body["stop"].is_null()) {
+        const json & stop = body["stop"];
+        if (stop.is_string()) {
+            r.stop.push_back(stop.get<std::string>());
+        } else if (stop.is_array() && stop.size() <= 4) {
+            for (const json & s : stop) {
+                if (!s.is_string() || s.get<std::string>().empty()) {
+                    throw bad_request("stop", "'stop' must hold non-empty strings");
+                }
+                r.stop.push_back(s.get<std::string>());
+            }
+        } else {
+            throw bad_request("stop", "'stop' must be a string or an array of up to 4 strings");
+        }
+    }
+    const json & stream = field(body, "stream", json::value_t::boolean, "");
+    r.stream            = stream.is_boolean() && stream.get<bool>();
+    if (body.contains("n") && !(body["n"].is_number_integer() && body["n"].get<int64_t>() == 1)) {
+        throw bad_request("n", "only n = 1 is supported");
+    }
+    if (body.contains("kv_compression") && !body["kv_compression"].is_null()) {
+        const json & kv = body["kv_compression"];
+        if (kv.is_boolean()) {
+            r.kv_compression_off = !kv.get<bool>();
+        } else if (kv.is_object()) {
+            r.kv_compression = kv;
+        } else {
+            throw bad_request("kv_compression", "'kv_compression' must be false or an object of method options");
+        }
+    }
+    return r;
+}
+
+json error_body(const request_error & e) {
+    return { { "error", { { "message", e.what() },
+                          { "type", e.type },
+                          { "param", e.param.empty() ? json(nullptr) : json(e.param) },
+                          { "code", nullptr } } } };
+}
+
+}  // namespace ecokv::serve

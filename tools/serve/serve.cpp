@@ -1,0 +1,121 @@
+// ecokv serve: the OpenAI-compatible chat server (server.h). Parses options, loads the model, serves until SIGINT or
+// SIGTERM. Without --model it serves the bundled tiny VLM with its projector.
+#include "common/args.h"
+#include "common/bundled.h"
+#include "ecokv/error.h"
+#include "server.h"
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace {
+
+using ecokv::error;
+namespace el = ecokv::llama;
+
+ecokv::serve::chat_server * g_server = nullptr;
+
+void on_signal(int) {
+    if (g_server != nullptr) {
+        g_server->stop();
+    }
+}
+
+// The method flags as given on the command line, to be read again under each request's kv_compression.
+std::vector<std::string> method_flags(int argc, char ** argv) {
+    cxxopts::Options only("method");
+    only.allow_unrecognised_options();
+    ecokv::tools::add_method_options(only, "snapkv+ecokv");
+    std::vector<std::string> flags;
+    for (const auto & kv : only.parse(argc, argv).arguments()) {
+        if (kv.key() != "head-scores") {
+            flags.push_back("--" + kv.key());
+            flags.push_back(kv.value());
+        }
+    }
+    return flags;
+}
+
+}  // namespace
+
+int ecokv_serve(int argc, char ** argv) {
+    return ecokv::tools::run_command("serve", [&] {
+        cxxopts::Options options("ecokv serve", "An OpenAI-compatible chat server whose conversations live in "
+                                                "compressed, reusable KV caches. Without --model: the bundled tiny VLM.");
+        // clang-format off
+        options.add_options()
+            ("model", "GGUF model (default: the bundled tiny VLM with its mmproj)", cxxopts::value<std::string>())
+            ("mmproj", "multimodal projector GGUF (libmtmd)", cxxopts::value<std::string>())
+            ("host", "address to listen on", cxxopts::value<std::string>()->default_value("127.0.0.1"))
+            ("port", "port (0: any free port, printed and written to --port-file)", cxxopts::value<int32_t>()->default_value("8080"))
+            ("port-file", "write the port listened on to this file once serving", cxxopts::value<std::string>())
+            ("slots", "requests generating at once", cxxopts::value<int32_t>()->default_value("2"))
+            ("queue", "requests waiting for a slot; more get HTTP 503", cxxopts::value<int32_t>()->default_value("16"))
+            ("cache-mib", "memory for kept conversations, least recently used evicted first", cxxopts::value<int32_t>()->default_value("256"))
+            ("max-tokens", "tokens generated when a request gives no max_tokens", cxxopts::value<int32_t>()->default_value("128"))
+            ("full", "keep full caches unless a request asks for kv_compression")
+            ("model-name", "the name /v1/models lists (default: the model file's name)", cxxopts::value<std::string>())
+            ("t,threads", "CPU threads per request", cxxopts::value<int32_t>()->default_value("0"))
+            ("verbose", "show llama.cpp's log")
+            ("h,help", "show this help");
+        // clang-format on
+        ecokv::tools::add_method_options(options, "snapkv+ecokv");
+        const auto args = options.parse(argc, argv);
+        if (args.count("help")) {
+            std::printf("%s\n", options.help({ "", "method" }).c_str());
+            return 0;
+        }
+        ecokv::tools::reject_positional(args);
+        el::set_verbose(args.count("verbose") > 0);
+
+        ecokv::serve::serve_options so;
+        so.host        = args["host"].as<std::string>();
+        so.port        = ecokv::tools::int_in_range(args, "port", 0, 65535);
+        so.slots       = ecokv::tools::int_in_range(args, "slots", 1, 256);
+        so.queue       = ecokv::tools::int_in_range(args, "queue", 0, 4096);
+        so.cache_bytes = uint64_t(ecokv::tools::int_in_range(args, "cache-mib", 0, 1 << 20)) << 20;
+        so.limits.max_tokens_default = ecokv::tools::int_in_range(args, "max-tokens", 1, 1 << 20);
+        so.compress    = args.count("full") == 0;
+        so.method_args = method_flags(argc, argv);
+        so.head_scores = args.count("head-scores") ? args["head-scores"].as<std::string>() : "";
+        {  // the server's own method options are checked now, as a request without kv_compression would use them
+            const ecokv::method_spec   spec = ecokv::parse_method(args["method"].as<std::string>());
+            ecokv::method_params       p    = ecokv::tools::method_params_from(args);
+            p.validate(ecokv::method_window(spec, p));
+        }
+
+        const bool        bundled = args.count("model") == 0;
+        const std::string models  = ecokv::tools::bundled_models_dir();
+        el::session_options sopt;
+        sopt.model_path  = bundled ? models + "/tiny-vlm.gguf" : args["model"].as<std::string>();
+        sopt.mmproj_path = args.count("mmproj") ? args["mmproj"].as<std::string>()
+                           : bundled            ? models + "/tiny-vlm-mmproj.gguf"
+                                                : "";
+        sopt.n_threads   = ecokv::tools::threads_from(args);
+        so.model_name    = args.count("model-name") ? args["model-name"].as<std::string>()
+                                                    : std::filesystem::path(sopt.model_path).stem().string();
+        const el::session session(sopt);
+
+        ecokv::serve::chat_server server(session, so);
+        if (server.bind() <= 0) {
+            throw error("cannot listen on " + so.host + ":" + std::to_string(so.port) + " (in use, or not an address)");
+        }
+        std::signal(SIGPIPE, SIG_IGN);  // a client that went away is seen as a failed write
+        g_server = &server;
+        std::signal(SIGINT, on_signal);
+        std::signal(SIGTERM, on_signal);
+        std::fprintf(stderr, "ecokv serve: %s on http://%s:%d (%d slots, queue %d, cache %d MiB, %s)\n",
+                     so.model_name.c_str(), so.host.c_str(), server.port(), so.slots, so.queue,
+                     int(so.cache_bytes >> 20), so.compress ? "compressed conversations" : "full caches");
+        if (args.count("port-file")) {
+            const std::string path = args["port-file"].as<std::string>();
+            std::ofstream(path + ".tmp") << server.port() << "\n";
+            std::filesystem::rename(path + ".tmp", path);
+        }
+        const bool ok = server.listen();
+        g_server      = nullptr;
+        return ok ? 0 : 1;
+    });
+}

@@ -1,0 +1,484 @@
+#include "server.h"
+
+#include "common/args.h"
+#include "ecokv/error.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <random>
+
+namespace ecokv::serve {
+
+using json = nlohmann::json;
+namespace el = ecokv::llama;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// The compression a request gets: the server's method flags, then the request's kv_compression fields on top.
+compression resolve(const chat_request & r, const serve_options & o) {
+    if (r.kv_compression_off || (!o.compress && !r.kv_compression)) {
+        return { false, {}, {}, "full" };
+    }
+    std::vector<std::string> args = { "kv_compression" };
+    args.insert(args.end(), o.method_args.begin(), o.method_args.end());
+    if (r.kv_compression) {
+        for (const auto & [k, v] : r.kv_compression->items()) {
+            std::string flag = k;
+            std::replace(flag.begin(), flag.end(), '_', '-');
+            if (flag == "head-scores") {
+                throw bad_request("kv_compression.head_scores", "head scores are a server option (--head-scores)");
+            }
+            if (!v.is_string() && !v.is_number()) {
+                throw bad_request("kv_compression." + k, "'kv_compression." + k + "' must be a string or a number");
+            }
+            args.push_back("--" + flag);
+            args.push_back(v.is_string() ? v.get<std::string>() : v.dump());
+        }
+    }
+    std::vector<char *> argv;
+    for (std::string & a : args) {
+        argv.push_back(a.data());
+    }
+    cxxopts::Options opts("kv_compression");
+    tools::add_method_options(opts, "snapkv+ecokv");
+    compression c;
+    try {
+        const auto parsed = opts.parse(int(argv.size()), argv.data());
+        if (!parsed.unmatched().empty()) {
+            throw bad_request("kv_compression", "unexpected value '" + parsed.unmatched().front() + "'");
+        }
+        c.spec               = parse_method(parsed["method"].as<std::string>());
+        c.params             = tools::method_params_from(parsed);
+        c.params.head_scores = o.head_scores;
+        c.params.validate(method_window(c.spec, c.params));
+        if (requirements(c.spec, c.params).head_scores && o.head_scores.empty()) {
+            throw bad_request("kv_compression.method", c.spec.name() + " needs head scores: start the server with "
+                                                                        "--head-scores");
+        }
+    } catch (const cxxopts::exceptions::exception & e) {
+        throw bad_request("kv_compression", std::string("kv_compression: ") + e.what());
+    } catch (const ecokv::error & e) {
+        throw bad_request("kv_compression", std::string("kv_compression: ") + e.what());
+    }
+    c.on = true;
+    for (size_t i = 1; i < args.size(); ++i) {
+        c.key += args[i] + " ";
+    }
+    return c;
+}
+
+// The cache key of a prompt: one unit naming the compression, then the prompt's units.
+std::vector<uint64_t> keyed(const std::string & config, const std::vector<uint64_t> & units) {
+    std::vector<uint64_t> key{ std::hash<std::string>{}(config) | (uint64_t(1) << 62) };
+    key.insert(key.end(), units.begin(), units.end());
+    return key;
+}
+
+// The number of bytes at the end of `s` that may start a stop string or an unfinished UTF-8 character: they wait
+// for the next token before they are sent.
+size_t held_back(const std::string & s, const std::vector<std::string> & stop) {
+    size_t hold = 0;
+    for (const std::string & st : stop) {
+        for (size_t n = std::min(st.size() - 1, s.size()); n > hold; --n) {
+            if (s.compare(s.size() - n, n, st, 0, n) == 0) {
+                hold = n;
+                break;
+            }
+        }
+    }
+    for (size_t n = 1; n <= std::min<size_t>(3, s.size()); ++n) {  // a lead byte whose sequence is not complete
+        const uint8_t c    = uint8_t(s[s.size() - n]);
+        const size_t  need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+        if (need > n) {
+            hold = std::max(hold, n);
+            break;
+        }
+        if ((c & 0xC0) != 0x80) {
+            break;
+        }
+    }
+    return hold;
+}
+
+llama_token pick(const std::vector<float> & logits, double temperature, std::mt19937_64 & rng) {
+    if (temperature <= 0) {
+        return el::argmax(logits);
+    }
+    const float        top = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> w(logits.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+        w[i] = std::exp((double(logits[i]) - top) / temperature);
+    }
+    return llama_token(std::discrete_distribution<size_t>(w.begin(), w.end())(rng));
+}
+
+// The text of the last user message replaced by a marker: the chat text before it is the part of the prompt that is
+// compressed before the question is known (as `ecokv run --question`).
+std::string before_question(const el::session & s, std::vector<el::chat_message> messages, const std::string & mark) {
+    std::string &     content = messages.back().content;
+    const std::string marker  = llama::media_marker();
+    size_t            at      = 0;
+    while (content.compare(at, marker.size(), marker) == 0) {
+        at += marker.size();
+        at += at < content.size() && content[at] == '\n';
+    }
+    content = content.substr(0, at) + mark;
+    const std::string text = s.chat_text(messages);
+    const size_t      pos  = text.find(mark);
+    return pos == std::string::npos ? std::string() : text.substr(0, pos);
+}
+
+}  // namespace
+
+struct chat_server::stats {
+    std::atomic<uint64_t> requests{ 0 }, errors{ 0 }, rejected{ 0 }, cancelled{ 0 };
+    std::atomic<uint64_t> prompt_tokens{ 0 }, cached_tokens{ 0 }, completion_tokens{ 0 }, hits{ 0 }, misses{ 0 };
+    std::atomic<uint64_t> prefill_us{ 0 }, decode_us{ 0 };
+};
+
+struct chat_server::slot_guard {
+    chat_server & srv;
+    explicit slot_guard(chat_server & s) : srv(s) {}
+    slot_guard(const slot_guard &) = delete;
+    ~slot_guard() {
+        {
+            const std::lock_guard<std::mutex> lock(srv.slot_mutex_);
+            --srv.busy_;
+        }
+        srv.slot_free_.notify_one();
+    }
+};
+
+// One answer in the making: the sequence after the prompt, what was reused, and the conversation to keep.
+struct chat_server::turn {
+    std::optional<el::sequence>                seq;
+    chat_request                               req;
+    std::vector<uint64_t>                      key;
+    std::shared_ptr<const cached_conversation> kept;
+    int32_t                                    prompt_cells = 0, cached_cells = 0;
+    double                                     prefill_s    = 0;
+    std::string                                id, model;
+    int64_t                                    created = 0;
+};
+
+chat_server::chat_server(const el::session & s, serve_options o) :
+    s_(s),
+    o_(std::move(o)),
+    http_(std::make_unique<httplib::Server>()),
+    cache_(o_.cache_bytes),
+    stats_(std::make_unique<stats>()) {
+    routes();
+}
+
+chat_server::~chat_server() { stop(); }
+
+int chat_server::bind() {
+    port_ = o_.port == 0 ? http_->bind_to_any_port(o_.host) : (http_->bind_to_port(o_.host, o_.port) ? o_.port : -1);
+    return port_;
+}
+
+bool chat_server::listen() {
+    if (port_ <= 0 && bind() <= 0) {
+        return false;
+    }
+    return http_->listen_after_bind();
+}
+
+void chat_server::stop() {
+    if (http_) {
+        http_->stop();
+    }
+}
+
+std::string chat_server::metrics() const {
+    const auto   t   = cache_.totals_now();
+    const auto & st  = *stats_;
+    std::string  out;
+    auto         add = [&](const char * name, const char * type, const char * help, double v) {
+        out += std::string("# HELP ecokv_") + name + " " + help + "\n# TYPE ecokv_" + name + " " + type + "\n";
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.6g", v);
+        out += std::string("ecokv_") + name + " " + buf + "\n";
+    };
+    const double prefill_s = double(st.prefill_us) / 1e6, decode_s = double(st.decode_us) / 1e6;
+    const double prefilled = double(st.prompt_tokens) - double(st.cached_tokens);
+    add("requests_total", "counter", "chat completion requests", double(st.requests));
+    add("request_errors_total", "counter", "requests answered with an error", double(st.errors));
+    add("requests_rejected_total", "counter", "requests refused because every slot and the queue were full",
+        double(st.rejected));
+    add("requests_cancelled_total", "counter", "generations stopped because the client went away",
+        double(st.cancelled));
+    add("prompt_tokens_total", "counter", "prompt cells of all requests", double(st.prompt_tokens));
+    add("prompt_tokens_cached_total", "counter", "prompt cells served from kept conversations",
+        double(st.cached_tokens));
+    add("completion_tokens_total", "counter", "generated tokens", double(st.completion_tokens));
+    add("cache_hits_total", "counter", "requests that continued a kept conversation", double(st.hits));
+    add("cache_misses_total", "counter", "requests prefilled from the start", double(st.misses));
+    add("prefill_tokens_per_second", "gauge", "prefilled cells per second of prefill, all requests",
+        prefill_s > 0 ? prefilled / prefill_s : 0);
+    add("decode_tokens_per_second", "gauge", "generated tokens per second of decoding, all requests",
+        decode_s > 0 ? double(st.completion_tokens) / decode_s : 0);
+    add("kv_cache_conversations", "gauge", "conversations kept", double(t.conversations));
+    add("kv_cache_bytes", "gauge", "bytes of the kept conversations (compressed caches)", double(t.bytes));
+    add("kv_cache_full_bytes", "gauge", "bytes the kept conversations would take as full caches",
+        double(t.full_bytes));
+    add("kv_cache_evictions_total", "counter", "conversations evicted to stay within --cache-mib",
+        double(t.evictions));
+    add("slots_busy", "gauge", "requests generating now", double(busy_));
+    return out;
+}
+
+void chat_server::routes() {
+    httplib::Server & h   = *http_;
+    const int32_t     pool = o_.slots + o_.queue + 4;  // every slot, every queued request, health checks
+    h.new_task_queue      = [pool] { return new httplib::ThreadPool(size_t(pool)); };
+    h.set_payload_max_length(64u << 20);
+
+    h.Get("/health", [](const httplib::Request &, httplib::Response & res) {
+        res.set_content(R"({"status":"ok"})", "application/json");
+    });
+    h.Get("/v1/models", [this](const httplib::Request &, httplib::Response & res) {
+        const json body = { { "object", "list" },
+                            { "data", json::array({ { { "id", o_.model_name },
+                                                      { "object", "model" },
+                                                      { "created", 0 },
+                                                      { "owned_by", "ecokv" } } }) } };
+        res.set_content(body.dump(), "application/json");
+    });
+    h.Get("/metrics", [this](const httplib::Request &, httplib::Response & res) {
+        res.set_content(metrics(), "text/plain; version=0.0.4");
+    });
+    h.Post("/v1/chat/completions", [this](const httplib::Request & req, httplib::Response & res) {
+        ++stats_->requests;
+        try {
+            chat(req, res);
+        } catch (const request_error & e) {
+            ++stats_->errors;
+            res.status = e.status;
+            res.set_content(error_body(e).dump(), "application/json");
+        } catch (const std::exception & e) {
+            ++stats_->errors;
+            res.status = 500;
+            res.set_content(error_body(request_error(500, "server_error", "", e.what())).dump(), "application/json");
+        }
+    });
+    h.set_error_handler([](const httplib::Request &, httplib::Response & res) {
+        if (res.body.empty()) {
+            const request_error e(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", "",
+                                  res.status == 404 ? "no such endpoint" : "request refused");
+            res.set_content(error_body(e).dump(), "application/json");
+        }
+    });
+}
+
+std::shared_ptr<chat_server::slot_guard> chat_server::acquire() {
+    std::unique_lock<std::mutex> lock(slot_mutex_);
+    if (busy_ >= o_.slots) {
+        if (waiting_ >= o_.queue) {
+            ++stats_->rejected;
+            throw request_error(503, "server_busy", "", "every slot and the queue are full; retry later");
+        }
+        ++waiting_;
+        slot_free_.wait(lock, [&] { return busy_ < o_.slots; });
+        --waiting_;
+    }
+    ++busy_;
+    return std::shared_ptr<slot_guard>(new slot_guard(*this));  // no temporary: its destructor would free a slot
+}
+
+void chat_server::chat(const httplib::Request & req, httplib::Response & res) {
+    const json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded()) {
+        throw bad_request("", "the request body is not valid JSON");
+    }
+    chat_request r = parse_chat_request(body, o_.limits);
+    if (!r.model.empty() && r.model != o_.model_name) {
+        throw request_error(404, "invalid_request_error", "model",
+                            "the model '" + r.model + "' does not exist; this server serves '" + o_.model_name + "'");
+    }
+    const compression c    = resolve(r, o_);
+    auto              slot = acquire();
+    auto              t    = prepare(std::move(r), c);
+    const bool        sse  = t->req.stream;
+    res.set_chunked_content_provider(sse ? "text/event-stream" : "application/json",
+                                     [this, t, slot](size_t, httplib::DataSink & sink) {
+                                         generate(*t, sink);
+                                         sink.done();
+                                         return true;
+                                     });
+}
+
+std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const compression & c) {
+    auto t     = std::make_shared<turn>();
+    t->created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    t->model   = o_.model_name;
+    t->id      = "chatcmpl-" + std::to_string(t->created) + "-" + std::to_string(stats_->requests.load());
+    std::optional<el::prompt> p;
+    try {
+        p.emplace(s_.make_prompt_from_memory(s_.chat_text(r.messages), r.images));
+    } catch (const ecokv::error & e) {
+        throw bad_request("messages", e.what());
+    }
+    const std::vector<uint64_t> & units = p->units();
+    t->prompt_cells                     = p->n_cells();
+    if (int64_t(t->prompt_cells) + r.max_tokens > s_.n_ctx_train()) {
+        throw request_error(400, "invalid_request_error", "messages",
+                            "the prompt (" + std::to_string(t->prompt_cells) + " tokens) plus max_tokens (" +
+                                std::to_string(r.max_tokens) + ") exceeds the model's context of " +
+                                std::to_string(s_.n_ctx_train()));
+    }
+    t->key                 = keyed(c.key, units);
+    const auto         t0  = clock_type::now();
+    const auto         hit = cache_.find(t->key);
+    if (hit) {  // continue the kept conversation: only the units after it are prefilled
+        const size_t from = hit->units.size() - 1;
+        t->cached_cells   = p->cells_before(from);
+        t->seq.emplace(s_.resume(hit->snap, t->prompt_cells - t->cached_cells + r.max_tokens));
+        t->seq->append(*p, from);
+        ++stats_->hits;
+    } else {  // prefill what comes before the question, compress it, then the question
+        size_t split = units.size();
+        if (c.on) {
+            const el::prompt before = s_.make_prompt_from_memory(before_question(s_, r.messages, "\x01ECOKV\x01"), r.images);
+            split = std::mismatch(before.units().begin(), before.units().end(), units.begin(), units.end()).first -
+                    before.units().begin();
+        }
+        const int32_t context_cells = p->cells_before(split);
+        const bool    compress      = c.on && context_cells > c.params.budget;
+        t->seq.emplace(s_.prefill(*p, t->prompt_cells - context_cells + r.max_tokens,
+                                  compress ? requirements(c.spec, c.params) : method_requirements{}, split));
+        if (compress) {
+            t->seq->compress_in_place(c.spec, c.params);
+        }
+        if (split < units.size()) {
+            t->seq->append(*p, split);
+        }
+        ++stats_->misses;
+    }
+    t->prefill_s = seconds_since(t0);
+    stats_->prefill_us += uint64_t(t->prefill_s * 1e6);
+    stats_->prompt_tokens += uint64_t(t->prompt_cells);
+    stats_->cached_tokens += uint64_t(t->cached_cells);
+    auto kept        = std::make_shared<cached_conversation>();
+    kept->units      = t->key;
+    kept->snap       = t->seq->save();
+    kept->full_bytes = uint64_t(t->prompt_cells) * t->seq->kv_bytes_per_cell();
+    cache_.put(kept, hit.get());
+    t->kept = std::move(kept);
+    t->req  = std::move(r);
+    return t;
+}
+
+void chat_server::generate(turn & t, httplib::DataSink & sink) {
+    const chat_request & r = t.req;
+    std::mt19937_64      rng(r.has_seed ? r.seed : std::random_device{}());
+    auto                 chunk = [&](const json & delta, const json & finish) {
+        json c = { { "id", t.id },       { "object", "chat.completion.chunk" }, { "created", t.created },
+                   { "model", t.model }, { "choices", json::array({ { { "index", 0 }, { "delta", delta },
+                                                                       { "finish_reason", finish } } }) } };
+        return c;
+    };
+    auto send = [&](const std::string & s) { return sink.write(s.data(), s.size()); };
+    if (r.stream && !send("data: " + chunk({ { "role", "assistant" }, { "content", "" } }, nullptr).dump() + "\n\n")) {
+        ++stats_->cancelled;
+        return;
+    }
+    std::vector<llama_token> out;
+    std::string              text, finish = "length";
+    size_t                   sent = 0, n_decoded = 0;
+    bool                     alive = true;
+    const auto               t0    = clock_type::now();
+    try {
+        for (int32_t i = 0; i < r.max_tokens && alive; ++i) {
+            const llama_token tok = pick(t.seq->logits(), r.temperature, rng);
+            if (s_.is_end_of_generation(tok)) {
+                finish = "stop";
+                break;
+            }
+            out.push_back(tok);
+            text         = s_.detokenize(out);
+            size_t ready = text.size() - held_back(text, r.stop);
+            for (const std::string & st : r.stop) {
+                if (const size_t at = text.find(st); at != std::string::npos) {
+                    text   = text.substr(0, at);
+                    ready  = text.size();
+                    finish = "stop";
+                }
+            }
+            // Streamed text as it is ready; otherwise a space (JSON allows it) tells a closed connection apart.
+            alive = ready > sent && r.stream ? send("data: " + chunk({ { "content", text.substr(sent, ready - sent) } },
+                                                                     nullptr).dump() + "\n\n")
+                                             : send(" ");
+            sent = std::max(sent, ready);
+            if (finish == "stop") {
+                break;
+            }
+            if (i + 1 < r.max_tokens && alive) {
+                t.seq->decode({ tok });
+                ++n_decoded;
+            }
+        }
+    } catch (const std::exception & e) {  // the status is sent already: report in the body
+        const json err = error_body(request_error(500, "server_error", "", e.what()));
+        send(r.stream ? "data: " + err.dump() + "\n\n" : err.dump());
+        ++stats_->errors;
+        return;
+    }
+    stats_->decode_us += uint64_t(seconds_since(t0) * 1e6);
+    stats_->completion_tokens += out.size();
+    if (!alive) {
+        ++stats_->cancelled;
+        return;
+    }
+    // The conversation with its answer, for the next turn.
+    auto kept = std::make_shared<cached_conversation>();
+    kept->units = t.key;
+    kept->units.insert(kept->units.end(), out.begin(), out.begin() + ptrdiff_t(n_decoded));
+    kept->snap       = t.seq->save();
+    kept->full_bytes = uint64_t(t.prompt_cells + int32_t(n_decoded)) * t.seq->kv_bytes_per_cell();
+    cache_.put(kept, t.kept.get());
+
+    const json usage = {
+        { "prompt_tokens", t.prompt_cells },
+        { "completion_tokens", out.size() },
+        { "total_tokens", t.prompt_cells + int32_t(out.size()) },
+        { "prompt_tokens_details", { { "cached_tokens", t.cached_cells } } },
+        { "prefilled_tokens", t.prompt_cells - t.cached_cells },
+        { "kv_bytes_kept", t.seq->kv_bytes_kept() },
+        { "kv_bytes_allocated", t.seq->kv_bytes_allocated() },
+        { "kv_bytes_full", uint64_t(t.prompt_cells + int32_t(out.size())) * t.seq->kv_bytes_per_cell() },
+    };
+    if (r.stream) {
+        if (sent < text.size()) {
+            send("data: " + chunk({ { "content", text.substr(sent) } }, nullptr).dump() + "\n\n");
+        }
+        json last     = chunk(json::object(), finish);
+        last["usage"] = usage;
+        send("data: " + last.dump() + "\n\n");
+        send("data: [DONE]\n\n");
+        return;
+    }
+    const json body = { { "id", t.id },
+                        { "object", "chat.completion" },
+                        { "created", t.created },
+                        { "model", t.model },
+                        { "choices", json::array({ { { "index", 0 },
+                                                     { "message", { { "role", "assistant" }, { "content", text } } },
+                                                     { "logprobs", nullptr },
+                                                     { "finish_reason", finish } } }) },
+                        { "usage", usage } };
+    send(body.dump());
+}
+
+}  // namespace ecokv::serve

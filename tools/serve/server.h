@@ -1,0 +1,83 @@
+// ecokv serve: an OpenAI-compatible chat server (cpp-httplib) whose conversations live in compressed, reusable
+// caches. POST /v1/chat/completions, GET /v1/models, /health and /metrics.
+#pragma once
+
+#include "chat-request.h"
+#include "conversation-cache.h"
+
+#include "ecokv/llama-session.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+class DataSink;
+}  // namespace httplib
+
+namespace ecokv::serve {
+
+// The KV compression of one request (the server's method flags with the request's kv_compression on top).
+struct compression {
+    bool          on = false;
+    method_spec   spec;
+    method_params params;
+    std::string   key;  // identity: conversations kept under another compression are not continued
+};
+
+struct serve_options {
+    std::string              host = "127.0.0.1";
+    int                      port = 8080;        // 0: any free port (see chat_server::port)
+    int32_t                  slots = 2;          // requests generating at once
+    int32_t                  queue = 16;         // requests waiting for a slot; more get 503
+    uint64_t                 cache_bytes = 256ull << 20;  // kept conversations
+    std::string              model_name;         // what /v1/models lists and requests may name
+    std::vector<std::string> method_args;        // the server's method flags (--method X --budget N ...)
+    bool                     compress = true;    // false: full caches by default
+    std::string              head_scores;        // SparseMM head scores (server side only)
+    request_limits           limits;
+};
+
+class chat_server {
+  public:
+    chat_server(const llama::session & s, serve_options o);
+    ~chat_server();
+
+    // Binds and serves until stop(); false when the address cannot be bound.
+    bool listen();
+    // Binds to o.port (0: a free one) without serving yet; then listen() serves.
+    int  bind();
+    void stop();
+    int  port() const { return port_; }
+
+  private:
+    struct slot_guard;
+    struct stats;
+    struct turn;
+
+    void                        routes();
+    std::string                 metrics() const;
+    std::shared_ptr<slot_guard> acquire();
+    void                        chat(const httplib::Request & req, httplib::Response & res);
+    std::shared_ptr<turn>       prepare(chat_request r, const compression & c);
+    void                        generate(turn & t, httplib::DataSink & sink);
+
+    const llama::session &           s_;
+    serve_options                    o_;
+    std::unique_ptr<httplib::Server> http_;
+    conversation_cache               cache_;
+    std::unique_ptr<stats>           stats_;
+    int                              port_ = 0;
+
+    std::mutex              slot_mutex_;
+    std::condition_variable slot_free_;
+    int32_t                 busy_ = 0, waiting_ = 0;
+};
+
+}  // namespace ecokv::serve
