@@ -111,6 +111,12 @@ size_t held_back(const std::string & s, const std::vector<std::string> & stop) {
     return hold;
 }
 
+// KV bytes a conversation holds: the kept entries of its compressed prefix and every cell stored since, or its cells.
+uint64_t held_bytes(const el::sequence & seq, const el::snapshot & snap) {
+    return snap.layout.empty() ? uint64_t(snap.n_cells) * seq.kv_bytes_per_cell()
+                               : seq.kv_bytes_kept() + uint64_t(snap.n_cells - 1) * seq.kv_bytes_per_cell();
+}
+
 llama_token pick(const std::vector<float> & logits, double temperature, std::mt19937_64 & rng) {
     if (temperature <= 0) {
         return el::argmax(logits);
@@ -455,7 +461,7 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
         { "total_tokens", t.prompt_cells + int32_t(out.size()) },
         { "prompt_tokens_details", { { "cached_tokens", t.cached_cells } } },
         { "prefilled_tokens", t.prompt_cells - t.cached_cells },
-        { "kv_bytes_kept", t.seq->kv_bytes_kept() },
+        { "kv_bytes_kept", held_bytes(*t.seq, kept->snap) },
         { "kv_bytes_allocated", t.seq->kv_bytes_allocated() },
         { "kv_bytes_full", uint64_t(t.prompt_cells + int32_t(out.size())) * t.seq->kv_bytes_per_cell() },
     };

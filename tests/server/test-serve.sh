@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# ecokv serve end to end on the bundled tiny VLM: the official openai client (clients.mjs), curl for bad inputs
+# (each a 4xx with an OpenAI error body, and the next request served), a full server refusing with 503, metrics.
+#   tests/server/test-serve.sh path/to/ecokv
+set -euo pipefail
+ECOKV=$1
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+DIR=$(mktemp -d)
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$DIR"' EXIT
+[[ -d "$ROOT/tests/server/node_modules/openai" ]] || { echo "missing npm clients: run scripts/setup.sh"; exit 1; }
+
+start() {  # start NAME ARGS...: a server on a free port, its URL in $URL
+    local name=$1; shift
+    "$ECOKV" serve --port 0 --port-file "$DIR/$name.port" "$@" 2> "$DIR/$name.log" &
+    PIDS+=($!)
+    for _ in $(seq 300); do [[ -s "$DIR/$name.port" ]] && break; sleep 0.1; done
+    [[ -s "$DIR/$name.port" ]] || { cat "$DIR/$name.log"; echo "server $name did not start"; exit 1; }
+    URL=http://127.0.0.1:$(cat "$DIR/$name.port")
+}
+
+start main --slots 2 --queue 8 --max-tokens 16
+node "$ROOT/tests/server/clients.mjs" "$URL" "$ROOT/models/tiny-vlm-sample.png"
+
+expect() {  # expect STATUS NAME BODY: POST BODY, check the status and that the error body names a message
+    local status body
+    status=$(curl -s -o "$DIR/out" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "$3" \
+             "$URL/v1/chat/completions")
+    body=$(cat "$DIR/out")
+    if [[ "$status" != "$1" ]] || { [[ "$1" != 200 ]] && ! grep -q '"error":{' "$DIR/out"; }; then
+        echo "not ok - $2: HTTP $status, expected $1: $body"; exit 1
+    fi
+    echo "ok - $2 ($status)"
+}
+png=$(base64 -w0 "$ROOT/models/tiny-vlm-sample.png")
+img() { echo "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,$1\"}},{\"type\":\"text\",\"text\":\"What is the TOTAL?\"}]}]}"; }
+expect 400 "malformed JSON" '{"messages": ['
+expect 400 "not an object" '[1, 2]'
+expect 400 "messages of the wrong type" '{"messages": "hi"}'
+expect 400 "empty messages" '{"messages": []}'
+expect 400 "content of the wrong type" '{"messages": [{"role": "user", "content": 5}]}'
+expect 400 "unknown role" '{"messages": [{"role": "wizard", "content": "hi"}]}'
+expect 404 "unknown model" '{"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}'
+expect 400 "max_tokens of the wrong type" '{"max_tokens": "9", "messages": [{"role": "user", "content": "hi"}]}'
+expect 400 "an image that is not an image" "$(img "$(echo 'just some text, not a PNG' | base64 -w0)")"
+expect 400 "a truncated image" "$(img "${png:0:400}")"
+expect 400 "malformed base64" "$(img 'iVBOR*w0KGgo')"
+expect 400 "a remote image URL" '{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}'
+expect 400 "a prompt over the context" "{\"messages\": [{\"role\": \"user\", \"content\": \"$(head -c 40000 /dev/zero | tr '\0' 'a')\"}]}"
+expect 400 "an unknown method" '{"kv_compression": {"method": "nosuch"}, "messages": [{"role": "user", "content": "hi"}]}'
+expect 400 "a budget below the window" '{"kv_compression": {"budget": 2, "window": 8}, "messages": [{"role": "user", "content": "hi"}]}'
+expect 400 "an unknown method option" '{"kv_compression": {"bugdet": 8}, "messages": [{"role": "user", "content": "hi"}]}'
+expect 400 "head scores from a client" '{"kv_compression": {"head_scores": "/etc/passwd"}, "messages": [{"role": "user", "content": "hi"}]}'
+expect 200 "the next request is served" "$(img "$png")"
+status=$(curl -s -o /dev/null -w '%{http_code}' "$URL/nosuch"); [[ $status == 404 ]] && echo "ok - unknown endpoint (404)"
+curl -s "$URL/health" | grep -q '"ok"' && echo "ok - health"
+
+metrics=$(curl -s "$URL/metrics")
+for m in ecokv_requests_total ecokv_cache_hits_total ecokv_kv_cache_bytes ecokv_kv_cache_full_bytes ecokv_decode_tokens_per_second; do
+    grep -q "^$m " <<< "$metrics" || { echo "not ok - metric $m missing"; exit 1; }
+done
+hits=$(awk '/^ecokv_cache_hits_total /{print $2}' <<< "$metrics")
+[[ ${hits%.*} -ge 1 ]] || { echo "not ok - no cache hit counted"; exit 1; }
+echo "ok - metrics (cache hits $hits)"
+
+# A server with one slot and no queue refuses what it cannot take with 503 and an OpenAI error body.
+start busy --slots 1 --queue 0 --max-tokens 64
+body=$(img "$png")
+for i in $(seq 10); do
+    curl -s -o "$DIR/busy.$i" -w '%{http_code}\n' -H 'Content-Type: application/json' --data-binary "$body" \
+        "$URL/v1/chat/completions" > "$DIR/busy.$i.status" &
+done
+wait $(jobs -p | grep -v -e "${PIDS[0]}" -e "${PIDS[1]}") 2>/dev/null || true
+n503=$(cat "$DIR"/busy.*.status | grep -c 503 || true)
+n200=$(cat "$DIR"/busy.*.status | grep -c 200 || true)
+[[ $n503 -ge 1 && $n200 -ge 1 ]] || { echo "not ok - busy server: $n200 served, $n503 refused"; exit 1; }
+grep -l 503 "$DIR"/busy.*.status | head -1 | sed 's/\.status$//' | xargs grep -q 'server_busy'
+echo "ok - a full server refuses with 503 ($n200 served, $n503 refused)"

@@ -1,0 +1,131 @@
+// ecokv serve's request reading and conversation cache, against values worked out by hand. The server itself is
+// tested end to end with real clients by tests/server/test-serve.sh.
+#include "chat-request.h"
+#include "conversation-cache.h"
+
+#include "ecokv/llama-session.h"
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using namespace ecokv::serve;
+using json = nlohmann::json;
+
+std::string param_of(const std::function<void()> & f) {
+    try {
+        f();
+    } catch (const request_error & e) {
+        EXPECT_EQ(e.status, 400);
+        return e.param;
+    }
+    ADD_FAILURE() << "no request_error";
+    return "";
+}
+
+std::vector<uint8_t> bytes(const std::string & s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+TEST(serve, data_urls_decode_base64) {
+    EXPECT_EQ(decode_data_url("data:image/png;base64,aGVsbG8="), bytes("hello"));  // RFC 4648 test vectors
+    EXPECT_EQ(decode_data_url("data:image/png;base64,Zm9vYmFy"), bytes("foobar"));
+    EXPECT_EQ(decode_data_url("data:image/jpeg;base64,Zm8="), bytes("fo"));
+    EXPECT_EQ(decode_data_url("data:image/png;base64,Zg=="), bytes("f"));
+    for (const char * bad : { "http://example.com/a.png", "data:text/plain;base64,Zm8=", "data:image/png,Zm8=",
+                              "data:image/png;base64,Zm8*", "data:image/png;base64,Z=m8", "data:image/png;base64,Zm9vY",
+                              "data:image/png;base64," }) {
+        EXPECT_EQ(param_of([&] { decode_data_url(bad); }), "image_url") << bad;
+    }
+}
+
+TEST(serve, requests_are_read_with_images_first) {
+    const json body = { { "model", "tiny-vlm" },
+                        { "max_tokens", 7 },
+                        { "temperature", 0.5 },
+                        { "stop", "\n" },
+                        { "stream", true },
+                        { "messages", { { { "role", "system" }, { "content", "Be brief." } },
+                                        { { "role", "user" },
+                                          { "content", { { { "type", "text" }, { "text", "What is the TOTAL?" } },
+                                                         { { "type", "image_url" },
+                                                           { "image_url", { { "url", "data:image/png;base64,aGk=" } } } } } } } } } };
+    const chat_request r = parse_chat_request(body, {});
+    ASSERT_EQ(r.messages.size(), 2u);
+    EXPECT_EQ(r.messages[1].content, ecokv::llama::media_marker() + "\nWhat is the TOTAL?");
+    ASSERT_EQ(r.images.size(), 1u);
+    EXPECT_EQ(r.images[0], bytes("hi"));
+    EXPECT_EQ(r.max_tokens, 7);
+    EXPECT_EQ(r.temperature, 0.5);
+    EXPECT_EQ(r.stop, std::vector<std::string>{ "\n" });
+    EXPECT_TRUE(r.stream);
+    EXPECT_FALSE(r.kv_compression.has_value());
+    EXPECT_FALSE(r.kv_compression_off);
+}
+
+TEST(serve, bad_requests_name_the_field) {
+    const json user = { { "role", "user" }, { "content", "hi" } };
+    auto       with = [&](const char * key, const json & v) {
+        json b = { { "messages", { user } } };
+        b[key] = v;
+        return b;
+    };
+    const request_limits l;
+    EXPECT_EQ(param_of([&] { parse_chat_request(json::array(), l); }), "");
+    EXPECT_EQ(param_of([&] { parse_chat_request(json::object(), l); }), "messages");
+    EXPECT_EQ(param_of([&] { parse_chat_request({ { "messages", json::array() } }, l); }), "messages");
+    EXPECT_EQ(param_of([&] { parse_chat_request({ { "messages", "hi" } }, l); }), "messages");
+    EXPECT_EQ(param_of([&] { parse_chat_request({ { "messages", { { { "role", "robot" }, { "content", "x" } } } } }, l); }),
+              "messages[0].role");
+    EXPECT_EQ(param_of([&] { parse_chat_request({ { "messages", { { { "role", "user" } } } } }, l); }),
+              "messages[0].content");
+    EXPECT_EQ(param_of([&] { parse_chat_request({ { "messages", { { { "role", "user" }, { "content", 3 } } } } }, l); }),
+              "messages[0].content");
+    EXPECT_EQ(param_of([&] {
+                  parse_chat_request({ { "messages", { user, { { "role", "assistant" }, { "content", "x" } } } } }, l);
+              }),
+              "messages");
+    EXPECT_EQ(param_of([&] { parse_chat_request(with("max_tokens", 0), l); }), "max_tokens");
+    EXPECT_EQ(param_of([&] { parse_chat_request(with("max_tokens", 100000), l); }), "max_tokens");
+    EXPECT_EQ(param_of([&] { parse_chat_request(with("max_tokens", "5"), l); }), "max_tokens");
+    EXPECT_EQ(param_of([&] { parse_chat_request(with("temperature", 3), l); }), "temperature");
+    EXPECT_EQ(param_of([&] { parse_chat_request(with("stop", json::array({ 1 })), l); }), "stop");
+    EXPECT_EQ(param_of([&] { parse_chat_request(with("stream", "yes"), l); }), "stream");
+    EXPECT_EQ(param_of([&] { parse_chat_request(with("n", 2), l); }), "n");
+    EXPECT_EQ(param_of([&] { parse_chat_request(with("kv_compression", 5), l); }), "kv_compression");
+    EXPECT_TRUE(parse_chat_request(with("kv_compression", false), l).kv_compression_off);
+    EXPECT_EQ((*parse_chat_request(with("kv_compression", { { "budget", 32 } }), l).kv_compression)["budget"], 32);
+}
+
+std::shared_ptr<cached_conversation> conv(std::vector<uint64_t> units, size_t n_bytes) {
+    auto c        = std::make_shared<cached_conversation>();
+    c->units      = std::move(units);
+    c->snap.state = std::vector<uint8_t>(n_bytes);
+    c->full_bytes = 2 * n_bytes;
+    return c;
+}
+
+TEST(serve, the_cache_finds_the_longest_prefix_and_evicts_the_least_recent) {
+    conversation_cache cache(300);
+    cache.put(conv({ 1, 2 }, 100));
+    cache.put(conv({ 1, 2, 3, 4 }, 100));
+    cache.put(conv({ 7 }, 100));
+    EXPECT_EQ(cache.find({ 1, 2, 3, 4, 5 })->units.size(), 4u);  // the longest prefix
+    EXPECT_EQ(cache.find({ 1, 2, 3 })->units.size(), 2u);        // {1,2,3,4} is not a prefix of it
+    EXPECT_EQ(cache.find({ 8 }), nullptr);
+    EXPECT_EQ(cache.totals_now().bytes, 300u);
+    EXPECT_EQ(cache.totals_now().full_bytes, 600u);
+    // Least recently used now: {7} (found last by nobody); a fourth conversation evicts it.
+    cache.put(conv({ 9 }, 100));
+    EXPECT_EQ(cache.find({ 7 }), nullptr);
+    EXPECT_EQ(cache.totals_now().evictions, 1u);
+    // A conversation continued replaces the one it came from.
+    const auto from = cache.find({ 9, 10 });
+    cache.put(conv({ 9, 10 }, 50), from.get());
+    EXPECT_EQ(cache.totals_now().conversations, 3u);
+    EXPECT_EQ(cache.totals_now().bytes, 250u);
+    // Larger than the whole limit: not kept, nothing evicted for it.
+    cache.put(conv({ 5 }, 301));
+    EXPECT_EQ(cache.find({ 5 }), nullptr);
+    EXPECT_EQ(cache.totals_now().conversations, 3u);
+}
+
+}  // namespace
