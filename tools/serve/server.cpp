@@ -250,6 +250,7 @@ void chat_server::routes() {
     const int32_t     pool = o_.slots + o_.queue + 4;  // every slot, every queued request, health checks
     h.new_task_queue      = [pool] { return new httplib::ThreadPool(size_t(pool)); };
     h.set_payload_max_length(64u << 20);
+    h.set_tcp_nodelay(true);  // answers go out in small writes (stream chunks): no Nagle delay behind each
 
     h.Get("/health", [](const httplib::Request &, httplib::Response & res) {
         res.set_content(R"({"status":"ok"})", "application/json");

@@ -1,0 +1,71 @@
+// ecokv serve under load: requests/s and latency p50/p99 at 1, 4 and 8 concurrent clients (Node's fetch, each client
+// sending its next request when the last is answered), each request a new conversation about the bundled receipt
+// (image prefill + compression + answer); then the memory a kept conversation takes, compressed and full.
+// (autocannon reported latencies that its own request counts contradict with these chunked responses: 12 requests/s
+// on one connection with a 460 ms mean, so the loop below measures them itself.)
+//   node bench/bench-serve.mjs URL IMAGE [SECONDS]      (bench/bench-serve.sh starts the server and runs this)
+import fs from 'node:fs';
+const [url, imagePath, seconds = '10'] = process.argv.slice(2);
+const image = `data:image/png;base64,${fs.readFileSync(imagePath).toString('base64')}`;
+const body = (question, kv) => JSON.stringify({
+  max_tokens: 12,
+  messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: image } }, { type: 'text', text: question }] }],
+  ...(kv === undefined ? {} : { kv_compression: kv }),
+});
+const metrics = async () => Object.fromEntries((await (await fetch(`${url}/metrics`)).text())
+  .split('\n').filter((l) => l.startsWith('ecokv_')).map((l) => l.split(' ')).map(([k, v]) => [k, Number(v)]));
+
+// `clients` loops for `seconds`, each posting `payload` and waiting for the whole answer.
+async function load(payload, clients) {
+  const latencies = [];
+  let failed = 0;
+  const end = performance.now() + Number(seconds) * 1000;
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: clients }, async () => {
+    while (performance.now() < end) {
+      const start = performance.now();
+      const res = await fetch(`${url}/v1/chat/completions`,
+        { method: 'POST', headers: { 'content-type': 'application/json' }, body: payload });
+      await res.text();
+      if (res.ok) latencies.push(performance.now() - start); else ++failed;
+    }
+  }));
+  const wall = (performance.now() - t0) / 1000;
+  latencies.sort((a, b) => a - b);
+  const q = (p) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))];
+  return { rps: latencies.length / wall, p50: q(0.5), p99: q(0.99), n: latencies.length, failed };
+}
+
+const rows = [];
+for (const kv of [undefined, false]) {
+  for (const clients of [1, 4, 8]) {
+    rows.push({ cache: kv === false ? 'full' : 'compressed (default)', clients, ...(await load(body('What is the TOTAL?', kv), clients)) });
+  }
+}
+console.log('| cache | clients | requests | requests/s | p50 ms | p99 ms | failed |');
+console.log('|---|---:|---:|---:|---:|---:|---:|');
+for (const r of rows) {
+  console.log(`| ${r.cache} | ${r.clients} | ${r.n} | ${r.rps.toFixed(1)} | ${r.p50.toFixed(0)} | ${r.p99.toFixed(0)} | ${r.failed} |`);
+}
+
+// Memory per kept conversation: 16 conversations each way (distinct questions, so none continues another).
+const per = {};
+for (const kv of [undefined, false]) {
+  const before = await metrics();
+  for (let i = 0; i < 16; ++i) {
+    await fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+      body: body(`What is the TOTAL? (${kv === false ? 'full' : 'compressed'} ${i})`, kv) });
+  }
+  const after = await metrics();
+  const n = after.ecokv_kv_cache_conversations - before.ecokv_kv_cache_conversations;
+  per[kv === false ? 'full' : 'compressed'] = {
+    n, bytes: (after.ecokv_kv_cache_bytes - before.ecokv_kv_cache_bytes) / n,
+    full: (after.ecokv_kv_cache_full_bytes - before.ecokv_kv_cache_full_bytes) / n,
+  };
+}
+console.log('\n| kept conversation | KiB each | conversations in 1 GiB |');
+console.log('|---|---:|---:|');
+for (const [k, v] of Object.entries(per)) {
+  console.log(`| ${k} | ${(v.bytes / 1024).toFixed(1)} | ${Math.floor(2 ** 30 / v.bytes)} |`);
+}
+console.log(`\n(compressed: ${(per.compressed.full / per.compressed.bytes).toFixed(2)}x fewer bytes than the same cells uncompressed)`);
