@@ -85,7 +85,9 @@ TEST(run_vision, bad_inputs) {
         { { "run", "--model", f.model, "--mmproj", f.dir / "none.gguf", "--image", f.image, "-p", "x", "-m", "ecokv" },
           "no such mmproj file" },
         { { "run", "--model", f.model, "--mmproj", f.mmproj, "--image", f.dir / "broken.png", "-p", "x", "-m", "ecokv" },
-          "cannot read the image" },
+          "broken.png: cannot decode the image" },
+        { { "run", "--model", f.model, "--mmproj", f.mmproj, "--image", f.dir / "missing.png", "-p", "x", "-m", "ecokv" },
+          "missing.png: cannot read the image" },
         { { "run", "--model", f.model, "--image", f.image, "-p", "x", "-m", "ecokv" }, "--image needs --mmproj" },
     };
     for (const auto & [args, message] : cases) {
