@@ -8,7 +8,9 @@
 namespace ecokv::kernels {
 
 inline float fast_exp(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    // Written so that NaN (from an overflowing dot product of finite but huge inputs) lands on -87, not in the int
+    // conversion below, which would be undefined.
+    x = x > -87.0f ? (x < 88.0f ? x : 88.0f) : -87.0f;
     // Round to nearest even by the 1.5 * 2^23 shifter: unlike roundevenf it vectorises everywhere.
     const float n  = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float       r  = x - n * 0.693145751953125f;  // ln2 split into a high part exact in float ...
