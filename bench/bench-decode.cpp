@@ -72,6 +72,7 @@ struct options {
     bool                     json = false, verbose = false;
     std::string              json_file;
     std::string              head_scores;  // sparsemm's head-score file; a synthetic one when empty
+    bool                     synthetic_head_scores = false;  // written by this run, removed at its end
 };
 
 constexpr int32_t k_n_ctx_train = 32768;  // the model's context (Qwen2-VL-2B)
@@ -219,7 +220,8 @@ method_plan plan_methods(options & o) {
     for (const auto & m : o.methods) {
         plan.specs.push_back(ecokv::parse_method(m));
         if (o.head_scores.empty() && ecokv::requirements(plan.specs.back(), {}).head_scores) {
-            o.head_scores = synthetic_head_scores(o);
+            o.head_scores           = synthetic_head_scores(o);
+            o.synthetic_head_scores = true;
         }
         for (int32_t b : o.budgets) {
             const ecokv::method_params p = params_at(o, b);
@@ -318,7 +320,6 @@ double median(std::vector<double> v) {
     return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
 // ---- model and prompts -----------------------------------------------------------------------------------------
 
@@ -803,6 +804,9 @@ int run(options o) {
     const in_place_result ip = compress_in_place(session, o, plan, pm);
 
     write_report(make_report(o, mi, full, ip, results, pm, seconds_since(t_all)), o, pm);
+    if (o.synthetic_head_scores) {
+        std::filesystem::remove(o.head_scores);
+    }
     return 0;
 }
 

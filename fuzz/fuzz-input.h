@@ -2,8 +2,7 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <unistd.h>
@@ -20,12 +19,9 @@ int datasets(const uint8_t * data, size_t size);
 // `data` written to <tmp>/ecokv-fuzz-<pid>/<name>; returns the path.
 inline std::string as_file(const uint8_t * data, size_t size, const std::string & name = "input") {
     static const std::string dir = [] {
-        const std::string d = "/tmp/ecokv-fuzz-" + std::to_string(::getpid());
-        std::string       cmd = "mkdir -p " + d;
-        if (std::system(cmd.c_str()) != 0) {
-            std::abort();
-        }
-        return d;
+        const auto d = std::filesystem::temp_directory_path() / ("ecokv-fuzz-" + std::to_string(::getpid()));
+        std::filesystem::create_directories(d);
+        return d.string();
     }();
     const std::string path = dir + "/" + name;
     std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char *>(data), std::streamsize(size));

@@ -21,15 +21,16 @@ mkdir -p $C/fuzz-capture $C/fuzz-head-scores $C/fuzz-method $C/fuzz-metric-items
 for shape in "2 2 1 16 24" "1 4 2 8 40"; do
     read -r l h kv d t <<< "$shape"
     $B/bin/ecokv synth-capture -o "$C/fuzz-capture/synth-$l-$t.safetensors" --layers "$l" --heads "$h" \
-        --kv-heads "$kv" --head-dim "$d" --tokens "$t" --seed 7 >/dev/null 2>&1 || true
+        --kv-heads "$kv" --head-dim "$d" --tokens "$t" --queries 8 --seed 7 >/dev/null
 done
-cp tests/data/golden/*.safetensors $C/fuzz-capture/ 2>/dev/null || true
+cp tests/data/golden/*.safetensors $C/fuzz-capture/
+cp tests/data/golden/head-scores-*.json $C/fuzz-head-scores/
 printf '{"0-0": [0.5, 0.1], "0-1": [0.2, 0.3], "1-2": [0.9, 0.0]}' > $C/fuzz-head-scores/scores.json
 for m in snapkv+ecokv "pyramidkv 64 8 5 20 0.2" "adakv+mixkv 32 4 3 20 0.5" lookm madakv "sparsemm+knorm 16 2"; do
     printf '%s' "$m" > "$C/fuzz-method/$(echo "$m" | tr ' +' '__')"
 done
-find tests/data -name '*.jsonl' -size -64k -exec cp {} $C/fuzz-metric-items/ \; 2>/dev/null || true
-find tests/data -name '*.json*' -size -64k -exec cp {} $C/fuzz-datasets/ \; 2>/dev/null || true
+find tests/data -name '*.jsonl' -size -64k -exec cp {} $C/fuzz-metric-items/ \;
+find tests/data -name '*.json*' -size -64k -exec cp {} $C/fuzz-datasets/ \;
 
 status=0
 for t in "${TARGETS[@]}"; do

@@ -88,6 +88,7 @@ TEST(serve, bad_requests_name_the_field) {
     EXPECT_EQ(param_of([&] { parse_chat_request(with("max_tokens", "5"), l); }), "max_tokens");
     EXPECT_EQ(param_of([&] { parse_chat_request(with("temperature", 3), l); }), "temperature");
     EXPECT_EQ(param_of([&] { parse_chat_request(with("stop", json::array({ 1 })), l); }), "stop");
+    EXPECT_EQ(param_of([&] { parse_chat_request(with("stop", ""), l); }), "stop");  // would end every answer at once
     EXPECT_EQ(param_of([&] { parse_chat_request(with("stream", "yes"), l); }), "stream");
     EXPECT_EQ(param_of([&] { parse_chat_request(with("n", 2), l); }), "n");
     EXPECT_EQ(param_of([&] { parse_chat_request(with("kv_compression", 5), l); }), "kv_compression");

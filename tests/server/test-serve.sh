@@ -64,6 +64,9 @@ expect 400 "an unknown method option" '{"kv_compression": {"bugdet": 8}, "messag
 expect 400 "head scores from a client" '{"kv_compression": {"head_scores": "/etc/passwd"}, "messages": [{"role": "user", "content": "hi"}]}'
 expect 200 "the next request is served" "$(img "$png")"
 status=$(curl -s -o /dev/null -w '%{http_code}' "$URL/nosuch"); [[ $status == 404 ]] && echo "ok - unknown endpoint (404)"
+status=$(curl -s -o "$DIR/out" -w '%{http_code}' --data-binary "$(img "$png")" "$URL/v1/chat/completions")  # no JSON type
+[[ $status == 413 ]] && grep -q 'application/json' "$DIR/out" || { echo "not ok - form-encoded body: $status"; exit 1; }
+echo "ok - a large body sent form-encoded (413, says to send JSON)"
 curl -s "$URL/health" | grep -q '"ok"' && echo "ok - health"
 
 metrics=$(curl -s "$URL/metrics")

@@ -34,6 +34,18 @@ void add_method_options(cxxopts::Options & options, const char * default_method)
     // clang-format on
 }
 
+std::optional<cxxopts::ParseResult> parse_with_method_options(cxxopts::Options & options, int argc, char ** argv,
+                                                              const char * default_method) {
+    add_method_options(options, default_method);
+    auto args = options.parse(argc, argv);
+    if (args.count("help")) {
+        std::printf("%s\n", options.help({ "", "method" }).c_str());
+        return std::nullopt;
+    }
+    reject_positional(args);
+    return args;
+}
+
 method_params method_params_from(const cxxopts::ParseResult & args) {
     method_params p;
     p.budget = args["budget"].as<int32_t>();

@@ -6,6 +6,7 @@
 #include <cxxopts.hpp>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,11 @@ int32_t int_in_range(const cxxopts::ParseResult & args, const char * name, int32
 
 // "a,b,,c" -> {"a", "b", "c"}
 std::vector<std::string> split_list(const std::string & s);
+
+// add_method_options (default_method), then parses argv: nullopt after printing --help (the general and method
+// groups); a stray positional argument is an error.
+std::optional<cxxopts::ParseResult> parse_with_method_options(cxxopts::Options & options, int argc, char ** argv,
+                                                              const char * default_method);
 
 // Reads the flags of add_method_options into parameters (validated later, with the method's window).
 method_params method_params_from(const cxxopts::ParseResult & args);

@@ -1,5 +1,7 @@
 #include "common/bundled.h"
 
+#include "ecokv/error.h"
+
 #include <cstdlib>
 #include <filesystem>
 #include <system_error>
@@ -27,6 +29,14 @@ std::string bundled_models_dir() {
         }
     }
     return ECOKV_SOURCE_MODELS_DIR;
+}
+
+std::string bundled_file(const std::string & name) {
+    const std::string path = bundled_models_dir() + "/" + name;
+    if (!std::filesystem::exists(path)) {
+        throw error("no --model given and the bundled default " + path + " is missing (set ECOKV_MODELS_DIR)");
+    }
+    return path;
 }
 
 }  // namespace ecokv::tools

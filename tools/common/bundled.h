@@ -13,4 +13,8 @@ namespace ecokv::tools {
 // The directory is not checked further; the caller reports a missing file.
 std::string bundled_models_dir();
 
+// bundled_models_dir()/name, for a command given no --model; throws ecokv::error naming the missing file (an installed
+// binary without its data) and ECOKV_MODELS_DIR.
+std::string bundled_file(const std::string & name);
+
 }  // namespace ecokv::tools

@@ -76,13 +76,11 @@ bool parse(int argc, char ** argv, run_options & o) {
         ("verbose", "show llama.cpp's log")
         ("h,help", "show this help");
     // clang-format on
-    ecokv::tools::add_method_options(options, "snapkv+ecokv");
-    const auto args = options.parse(argc, argv);
-    if (args.count("help")) {
-        std::printf("%s\n", options.help({ "", "method" }).c_str());
+    const auto parsed = ecokv::tools::parse_with_method_options(options, argc, argv, "snapkv+ecokv");
+    if (!parsed) {
         return false;
     }
-    ecokv::tools::reject_positional(args);
+    const cxxopts::ParseResult & args = *parsed;
     const bool        bundled = args.count("model") == 0;
     const std::string models  = ecokv::tools::bundled_models_dir();
     o.images                  = values<std::string>(args, "image");
@@ -111,11 +109,7 @@ bool parse(int argc, char ** argv, run_options & o) {
     el::set_verbose(args.count("verbose") > 0);
 
     // Without --model: the bundled tiny VLM and its projector (models/tiny-vlm.md).
-    o.session.model_path = bundled ? models + "/tiny-vlm.gguf" : args["model"].as<std::string>();
-    if (bundled && !std::filesystem::exists(o.session.model_path)) {  // e.g. an installed binary, data not installed
-        throw error("no --model given and the bundled default " + o.session.model_path +
-                    " is missing (set ECOKV_MODELS_DIR)");
-    }
+    o.session.model_path = bundled ? ecokv::tools::bundled_file("tiny-vlm.gguf") : args["model"].as<std::string>();
     const std::string mmproj = args.count("mmproj") ? args["mmproj"].as<std::string>()
                                : bundled            ? models + "/tiny-vlm-mmproj.gguf"
                                                     : "";

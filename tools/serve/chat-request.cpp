@@ -176,7 +176,7 @@ chat_request parse_chat_request(const json & body, const request_limits & limits
     }
     if (body.contains("stop") && !body["stop"].is_null()) {
         const json & stop = body["stop"];
-        if (stop.is_string()) {
+        if (stop.is_string() && !stop.get<std::string>().empty()) {
             r.stop.push_back(stop.get<std::string>());
         } else if (stop.is_array() && stop.size() <= 4) {
             for (const json & s : stop) {

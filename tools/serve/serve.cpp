@@ -28,8 +28,9 @@ std::vector<std::string> method_flags(int argc, char ** argv) {
     cxxopts::Options only("method");
     only.allow_unrecognised_options();
     ecokv::tools::add_method_options(only, "snapkv+ecokv");
-    std::vector<std::string> flags;
-    for (const auto & kv : only.parse(argc, argv).arguments()) {
+    std::vector<std::string>     flags;
+    const cxxopts::ParseResult & parsed = only.parse(argc, argv);  // kept alive: arguments() refers into it
+    for (const auto & kv : parsed.arguments()) {
         if (kv.key() != "head-scores") {
             flags.push_back("--" + kv.key());
             flags.push_back(kv.value());
@@ -61,13 +62,11 @@ int ecokv_serve(int argc, char ** argv) {
             ("verbose", "show llama.cpp's log")
             ("h,help", "show this help");
         // clang-format on
-        ecokv::tools::add_method_options(options, "snapkv+ecokv");
-        const auto args = options.parse(argc, argv);
-        if (args.count("help")) {
-            std::printf("%s\n", options.help({ "", "method" }).c_str());
+        const auto parsed = ecokv::tools::parse_with_method_options(options, argc, argv, "snapkv+ecokv");
+        if (!parsed) {
             return 0;
         }
-        ecokv::tools::reject_positional(args);
+        const cxxopts::ParseResult & args = *parsed;
         el::set_verbose(args.count("verbose") > 0);
 
         ecokv::serve::serve_options so;
@@ -86,12 +85,11 @@ int ecokv_serve(int argc, char ** argv) {
             p.validate(ecokv::method_window(spec, p));
         }
 
-        const bool        bundled = args.count("model") == 0;
-        const std::string models  = ecokv::tools::bundled_models_dir();
+        const bool          bundled = args.count("model") == 0;
         el::session_options sopt;
-        sopt.model_path  = bundled ? models + "/tiny-vlm.gguf" : args["model"].as<std::string>();
+        sopt.model_path  = bundled ? ecokv::tools::bundled_file("tiny-vlm.gguf") : args["model"].as<std::string>();
         sopt.mmproj_path = args.count("mmproj") ? args["mmproj"].as<std::string>()
-                           : bundled            ? models + "/tiny-vlm-mmproj.gguf"
+                           : bundled            ? ecokv::tools::bundled_file("tiny-vlm-mmproj.gguf")
                                                 : "";
         sopt.n_threads   = ecokv::tools::threads_from(args);
         so.model_name    = args.count("model-name") ? args["model-name"].as<std::string>()

@@ -241,7 +241,9 @@ std::string chat_server::metrics() const {
         double(t.full_bytes));
     add("kv_cache_evictions_total", "counter", "conversations evicted to stay within --cache-mib",
         double(t.evictions));
+    std::unique_lock<std::mutex> lock(slot_mutex_);
     add("slots_busy", "gauge", "requests generating now", double(busy_));
+    add("requests_waiting", "gauge", "requests waiting for a slot", double(waiting_));
     return out;
 }
 
@@ -282,8 +284,12 @@ void chat_server::routes() {
     });
     h.set_error_handler([](const httplib::Request &, httplib::Response & res) {
         if (res.body.empty()) {
-            const request_error e(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", "",
-                                  res.status == 404 ? "no such endpoint" : "request refused");
+            const std::string what = res.status == 404 ? "no such endpoint"
+                                     : res.status == 413
+                                         ? "the request body is too large (JSON up to 64 MiB; send it as "
+                                           "application/json: form-encoded bodies are limited to 8 KiB)"
+                                         : "the request was refused (HTTP " + std::to_string(res.status) + ")";
+            const request_error e(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", "", what);
             res.set_content(error_body(e).dump(), "application/json");
         }
     });
@@ -357,7 +363,7 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
     } else {  // prefill what comes before the question, compress it, then the question
         size_t split = units.size();
         if (c.on) {
-            const el::prompt before = s_.make_prompt_from_memory(before_question(s_, r.messages, "\x01ECOKV\x01"), r.images);
+            const el::prompt before = s_.make_prompt_from_memory(before_question(s_, r.messages, "\x01" "ECOKV" "\x01"), r.images);
             split = std::mismatch(before.units().begin(), before.units().end(), units.begin(), units.end()).first -
                     before.units().begin();
         }

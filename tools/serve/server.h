@@ -75,7 +75,7 @@ class chat_server {
     std::unique_ptr<stats>           stats_;
     int                              port_ = 0;
 
-    std::mutex              slot_mutex_;
+    mutable std::mutex      slot_mutex_;
     std::condition_variable slot_free_;
     int32_t                 busy_ = 0, waiting_ = 0;
 };
