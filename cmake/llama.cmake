@@ -3,6 +3,9 @@
 # Routes, first match wins:
 #   (a) -DECOKV_LLAMA_SOURCE_DIR=/path   build that source tree as a subdirectory
 #   (b) -DECOKV_LLAMA_INSTALLED=ON       use an installed llama.cpp (find_package + find_library(mtmd))
+#   (d) -DECOKV_LLAMA_PREBUILT_DIR=/dir   link the shared libraries another ecokv build made there (its bin/),
+#                                        headers from third_party/llama.cpp: the sanitizer job shares the
+#                                        ordinary build's llama.cpp instead of building it again
 #   (c) default                          build ${ECOKV_ROOT}/third_party/llama.cpp; scripts/fetch-llama.sh
 #                                        is run at configure time to fetch it / re-apply patches
 # Inputs:  ECOKV_ROOT (repo root; defaults to the parent of this file, so a consumer project whose
@@ -57,7 +60,30 @@ function(_ecokv_add_llama_subdir src)
   add_subdirectory("${src}" "${CMAKE_BINARY_DIR}/_llama.cpp" EXCLUDE_FROM_ALL)
 endfunction()
 
-if(ECOKV_LLAMA_SOURCE_DIR)                                   # (a) given source tree
+set(ECOKV_LLAMA_PREBUILT_DIR "" CACHE PATH "Shared llama.cpp libraries of another ecokv build (route d)")
+
+# An imported shared library of route (d): lib<name>.so in the prebuilt directory.
+function(_ecokv_import_prebuilt name includes deps)
+  set(lib "${ECOKV_LLAMA_PREBUILT_DIR}/lib${name}.so")
+  if(NOT EXISTS "${lib}")
+    message(FATAL_ERROR "ecokv: ${lib} not found (ECOKV_LLAMA_PREBUILT_DIR must hold an ecokv build's llama.cpp)")
+  endif()
+  add_library(${name} SHARED IMPORTED GLOBAL)
+  set_target_properties(${name} PROPERTIES IMPORTED_LOCATION "${lib}" INTERFACE_INCLUDE_DIRECTORIES "${includes}"
+                                           INTERFACE_LINK_LIBRARIES "${deps}")
+endfunction()
+
+if(ECOKV_LLAMA_PREBUILT_DIR)                                 # (d) another build's libraries
+  set(ECOKV_LLAMA_SRC "${ECOKV_ROOT}/third_party/llama.cpp")
+  _ecokv_import_prebuilt(ggml-base "${ECOKV_LLAMA_SRC}/ggml/include" "")
+  _ecokv_import_prebuilt(ggml-cpu "" "ggml-base")
+  _ecokv_import_prebuilt(ggml "" "ggml-base;ggml-cpu")
+  _ecokv_import_prebuilt(llama "${ECOKV_LLAMA_SRC}/include" "ggml")
+  _ecokv_import_prebuilt(mtmd "${ECOKV_LLAMA_SRC}/tools/mtmd" "llama;ggml")
+  message(STATUS "ecokv: llama.cpp libraries from ${ECOKV_LLAMA_PREBUILT_DIR}")
+  set(ECOKV_LLAMA_ROUTE prebuilt)
+
+elseif(ECOKV_LLAMA_SOURCE_DIR)                               # (a) given source tree
   get_filename_component(ECOKV_LLAMA_SRC "${ECOKV_LLAMA_SOURCE_DIR}" ABSOLUTE)
   message(STATUS "ecokv: llama.cpp from source dir ${ECOKV_LLAMA_SRC}")
   _ecokv_add_llama_subdir("${ECOKV_LLAMA_SRC}")
@@ -110,7 +136,7 @@ else()                                                       # (c) third_party, 
   set(ECOKV_LLAMA_ROUTE source)
 endif()
 
-if(ECOKV_LLAMA_ROUTE STREQUAL "source" AND NOT ECOKV_LLAMA_SHARED)
+if((ECOKV_LLAMA_ROUTE STREQUAL "source" AND NOT ECOKV_LLAMA_SHARED) OR ECOKV_LLAMA_ROUTE STREQUAL "prebuilt")
   set(ECOKV_LLAMA_INSTALLABLE OFF)
 else()
   set(ECOKV_LLAMA_INSTALLABLE ON)

@@ -1,48 +1,59 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of fuzz/ with clang, AddressSanitizer and UBSan (build-fuzz/, no llama.cpp), makes
-# their seed corpora with the project's own tools and test data, and fuzzes each for SECONDS (default 60).
-# Crashes are left as build-fuzz/crashes/<target>/crash-*; copy them to fuzz/regressions/<target>/ once fixed.
-#   scripts/fuzz.sh [SECONDS] [TARGET ...]
+# Fuzzes the libFuzzer targets of fuzz/ (clang, AddressSanitizer, UBSan; the build-san/ tree of scripts/sanitize.sh,
+# linked with llama.cpp for the server's request reading). Each target starts from its committed corpus
+# (fuzz/corpus/<target>), the inputs once fixed (fuzz/regressions/<target>) and seeds the project's own tools write;
+# new inputs go to build-san/corpus/<target>. Stops at SECONDS per target or RUNS executions, whichever comes first.
+# Crashes are left as build-san/crashes/<target>/crash-*; copy them to fuzz/regressions/<target>/ once fixed.
+#   scripts/fuzz.sh [--no-build] [SECONDS (60)] [RUNS (-1: no limit)] [TARGET ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BUILD=1
+[[ ${1:-} == --no-build ]] && { BUILD=0; shift; }
 SECONDS_EACH=${1:-60}
-shift || true
+RUNS=${2:--1}
+shift 2 || shift $# || true
+ALL=(fuzz-capture fuzz-head-scores fuzz-method fuzz-metric-items fuzz-datasets fuzz-chat-request)
 TARGETS=("$@")
-[[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=(fuzz-capture fuzz-head-scores fuzz-method fuzz-metric-items fuzz-datasets)
-B=build-fuzz
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
-    -DECOKV_FUZZ=ON -DECOKV_SANITIZE_ADDRESS=ON -DECOKV_SANITIZE_UNDEFINED=ON -DECOKV_LLAMA=OFF \
-    -DECOKV_BUILD_TESTS=OFF -DECOKV_BUILD_BENCH=OFF -DECOKV_INSTALL=OFF >/dev/null
-cmake --build $B --target "${TARGETS[@]}" ecokv-cli
+[[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=("${ALL[@]}")
+B=build-san
+if [[ $BUILD == 1 ]]; then
+    bash scripts/sanitize.sh --build-only
+fi
 
-# Seed corpora: files the tools write, plus the test data of the readers.
+# Seeds from the project's tools and test data (the committed corpora hold what fuzzing added to them).
 C=$B/corpus
-mkdir -p $C/fuzz-capture $C/fuzz-head-scores $C/fuzz-method $C/fuzz-metric-items $C/fuzz-datasets
-for shape in "2 2 1 16 24" "1 4 2 8 40"; do
-    read -r l h kv d t <<< "$shape"
-    $B/bin/ecokv synth-capture -o "$C/fuzz-capture/synth-$l-$t.safetensors" --layers "$l" --heads "$h" \
-        --kv-heads "$kv" --head-dim "$d" --tokens "$t" --queries 8 --seed 7 >/dev/null
-done
-cp tests/data/golden/*.safetensors $C/fuzz-capture/
-cp tests/data/golden/head-scores-*.json $C/fuzz-head-scores/
-printf '{"0-0": [0.5, 0.1], "0-1": [0.2, 0.3], "1-2": [0.9, 0.0]}' > $C/fuzz-head-scores/scores.json
-for m in snapkv+ecokv "pyramidkv 64 8 5 20 0.2" "adakv+mixkv 32 4 3 20 0.5" lookm madakv "sparsemm+knorm 16 2"; do
-    printf '%s' "$m" > "$C/fuzz-method/$(echo "$m" | tr ' +' '__')"
-done
-find tests/data -name '*.jsonl' -size -64k -exec cp {} $C/fuzz-metric-items/ \;
-find tests/data -name '*.json*' -size -64k -exec cp {} $C/fuzz-datasets/ \;
+S=$B/seeds
+if [[ ! -d $S ]]; then
+    mkdir -p $S.tmp/{capture,head-scores,method,metric-items,datasets,chat-request}
+    for shape in "2 2 1 16 24" "1 4 2 8 40"; do
+        read -r l h kv d t <<< "$shape"
+        $B/bin/ecokv synth-capture -o "$S.tmp/capture/synth-$l-$t.safetensors" --layers "$l" --heads "$h" \
+            --kv-heads "$kv" --head-dim "$d" --tokens "$t" --queries 8 --seed 7 >/dev/null
+    done
+    cp tests/data/golden/*.safetensors $S.tmp/capture/
+    cp tests/data/golden/head-scores-*.json $S.tmp/head-scores/
+    for m in snapkv+ecokv "pyramidkv 64 8 5 20 0.2" "adakv+mixkv 32 4 3 20 0.5" lookm madakv "sparsemm+knorm 16 2"; do
+        printf '%s' "$m" > "$S.tmp/method/$(echo "$m" | tr ' +' '__')"
+    done
+    find tests/data -name '*.jsonl' -size -64k -exec cp {} $S.tmp/metric-items/ \;
+    find tests/data -name '*.json*' -size -64k -exec cp {} $S.tmp/datasets/ \;
+    mv $S.tmp $S
+fi
 
+ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+export ASAN_OPTIONS
 status=0
 for t in "${TARGETS[@]}"; do
-    mkdir -p $B/crashes/$t
-    echo "== $t: $SECONDS_EACH s"
-    regressions=()
-    [[ -d fuzz/regressions/$t ]] && regressions=(fuzz/regressions/$t)
-    if ! $B/bin/$t -max_total_time="$SECONDS_EACH" -rss_limit_mb=4096 -max_len=65536 \
-            -artifact_prefix=$B/crashes/$t/ -print_final_stats=1 $C/$t "${regressions[@]}" 2>&1 | \
-            grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss|ERROR|SUMMARY|cov:" | tail -4; then
+    mkdir -p $B/crashes/$t $C/$t fuzz/corpus/$t
+    dirs=($C/$t fuzz/corpus/$t $S/${t#fuzz-})
+    [[ -d fuzz/regressions/$t ]] && dirs+=(fuzz/regressions/$t)
+    echo "== $t: up to $SECONDS_EACH s, $RUNS runs"
+    log=$B/crashes/$t.log
+    if ! $B/bin/$t -max_total_time="$SECONDS_EACH" -runs="$RUNS" -rss_limit_mb=4096 -max_len=65536 -timeout=20 \
+            -artifact_prefix=$B/crashes/$t/ -print_final_stats=1 "${dirs[@]}" >"$log" 2>&1; then
         status=1
     fi
-    ls $B/crashes/$t/ 2>/dev/null | grep -q . && { echo "$t: crashes in $B/crashes/$t"; status=1; }
+    grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss|ERROR|SUMMARY" "$log" | tail -5
+    ls $B/crashes/$t/ 2>/dev/null | grep -q . && { echo "$t: crashes in $B/crashes/$t (log $log)"; status=1; }
 done
 exit $status

@@ -88,7 +88,12 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
                                   query_capture * observer, bool in_place) {
     compressed_cache out;
     auto             t0 = std::chrono::steady_clock::now();
-    out.sel             = compress(state.view(), spec, params);
+    try {
+        out.sel = compress(state.view(), spec, params);
+    } catch (const non_finite_error & e) {
+        throw error("the model '" + state.view().model + "' computed NaN or infinite values in its prefill (" +
+                    e.what() + "): are its weights corrupt?");
+    }
     out.select_seconds  = seconds_since(t0);
 
     t0                  = std::chrono::steady_clock::now();

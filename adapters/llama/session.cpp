@@ -3,6 +3,7 @@
 
 #include "ecokv/error.h"
 #include "ecokv/llama-adapter.h"
+#include "gguf-check.h"
 #include "kv-store.h"
 
 #include <mtmd-helper.h>
@@ -189,6 +190,7 @@ model_ptr load_model(const std::string & path) {
     if (!std::filesystem::is_regular_file(path)) {
         throw error(path + ": no such model file");
     }
+    check_model_gguf(path);
     llama_backend_init();
     model_ptr model(llama_model_load_from_file(path.c_str(), llama_model_default_params()));
     if (!model) {
@@ -202,6 +204,7 @@ std::unique_ptr<mtmd_context, mtmd_deleter> load_projector(const std::string & p
     if (!std::filesystem::is_regular_file(path)) {
         throw error(path + ": no such mmproj file");
     }
+    check_projector_gguf(path, llama_model_n_embd(model));
     mtmd_context_params mp = mtmd_context_params_default();
     mp.use_gpu = mp.print_timings = mp.warmup = false;
     if (n_threads > 0) {

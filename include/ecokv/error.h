@@ -13,4 +13,11 @@ class error : public std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// Keys, values or queries that are NaN or infinite. From a file, the file is at fault; from an engine, the model
+// computed them (corrupt weights?), which the adapter says.
+class non_finite_error : public error {
+  public:
+    using error::error;
+};
+
 }  // namespace ecokv

@@ -118,7 +118,7 @@ void capture_view::check_finite(int32_t il, int32_t ig) const {
         for (int64_t i2 = by_kv ? ig : int64_t(ig) * group; !v.empty() && i2 < (by_kv ? ig + 1 : (ig + 1) * group);
              ++i2) {
             if (!slice_finite(v, i2)) {
-                ECOKV_THROW("tensor layers.%d.%s holds NaN or infinite values", il, names[k]);
+                throw non_finite_error(detail::format("tensor layers.%d.%s holds NaN or infinite values", il, names[k]));
             }
         }
     }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "ecokv/llama-generate.h"
+#include "ecokv/method.h"
 
 #include <nlohmann/json.hpp>
 
@@ -43,6 +44,25 @@ struct request_limits {
     int32_t max_tokens_limit   = 4096;
     size_t  max_images         = 16;
 };
+
+// The KV compression of one request (the server's method flags with the request's kv_compression on top).
+struct compression {
+    bool          on = false;
+    method_spec   spec;
+    method_params params;
+    std::string   key;  // identity: conversations kept under another compression are not continued
+};
+
+// The server's side of a request's compression.
+struct compression_defaults {
+    std::vector<std::string> method_args;   // the server's method flags (--method X --budget N ...)
+    bool                     compress = true;  // false: full caches unless a request asks
+    std::string              head_scores;   // SparseMM head scores (server side only)
+};
+
+// The server's flags, then the request's kv_compression fields on top, validated as `ecokv run` validates its
+// flags; throws request_error naming the field at fault.
+compression resolve_compression(const chat_request & r, const compression_defaults & d);
 
 // Checks and reads a request body (already parsed JSON); throws request_error naming the field at fault.
 chat_request parse_chat_request(const nlohmann::json & body, const request_limits & limits);

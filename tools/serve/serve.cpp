@@ -76,9 +76,9 @@ int ecokv_serve(int argc, char ** argv) {
         so.queue       = ecokv::tools::int_in_range(args, "queue", 0, 4096);
         so.cache_bytes = uint64_t(ecokv::tools::int_in_range(args, "cache-mib", 0, 1 << 20)) << 20;
         so.limits.max_tokens_default = ecokv::tools::int_in_range(args, "max-tokens", 1, 1 << 20);
-        so.compress    = args.count("full") == 0;
-        so.method_args = method_flags(argc, argv);
-        so.head_scores = args.count("head-scores") ? args["head-scores"].as<std::string>() : "";
+        so.kv.compress    = args.count("full") == 0;
+        so.kv.method_args = method_flags(argc, argv);
+        so.kv.head_scores = args.count("head-scores") ? args["head-scores"].as<std::string>() : "";
         {  // the server's own method options are checked now, as a request without kv_compression would use them
             const ecokv::method_spec   spec = ecokv::parse_method(args["method"].as<std::string>());
             ecokv::method_params       p    = ecokv::tools::method_params_from(args);
@@ -106,7 +106,7 @@ int ecokv_serve(int argc, char ** argv) {
         std::signal(SIGTERM, on_signal);
         std::fprintf(stderr, "ecokv serve: %s on http://%s:%d (%d slots, queue %d, cache %d MiB, %s)\n",
                      so.model_name.c_str(), so.host.c_str(), server.port(), so.slots, so.queue,
-                     int(so.cache_bytes >> 20), so.compress ? "compressed conversations" : "full caches");
+                     int(so.cache_bytes >> 20), so.kv.compress ? "compressed conversations" : "full caches");
         if (args.count("port-file")) {
             const std::string path = args["port-file"].as<std::string>();
             std::ofstream(path + ".tmp") << server.port() << "\n";

@@ -1,6 +1,5 @@
 #include "server.h"
 
-#include "common/args.h"
 #include "ecokv/error.h"
 
 #include <httplib.h>
@@ -23,59 +22,6 @@ using clock_type = std::chrono::steady_clock;
 
 double seconds_since(clock_type::time_point t0) {
     return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-// The compression a request gets: the server's method flags, then the request's kv_compression fields on top.
-compression resolve(const chat_request & r, const serve_options & o) {
-    if (r.kv_compression_off || (!o.compress && !r.kv_compression)) {
-        return { false, {}, {}, "full" };
-    }
-    std::vector<std::string> args = { "kv_compression" };
-    args.insert(args.end(), o.method_args.begin(), o.method_args.end());
-    if (r.kv_compression) {
-        for (const auto & [k, v] : r.kv_compression->items()) {
-            std::string flag = k;
-            std::replace(flag.begin(), flag.end(), '_', '-');
-            if (flag == "head-scores") {
-                throw bad_request("kv_compression.head_scores", "head scores are a server option (--head-scores)");
-            }
-            if (!v.is_string() && !v.is_number()) {
-                throw bad_request("kv_compression." + k, "'kv_compression." + k + "' must be a string or a number");
-            }
-            args.push_back("--" + flag);
-            args.push_back(v.is_string() ? v.get<std::string>() : v.dump());
-        }
-    }
-    std::vector<char *> argv;
-    for (std::string & a : args) {
-        argv.push_back(a.data());
-    }
-    cxxopts::Options opts("kv_compression");
-    tools::add_method_options(opts, "snapkv+ecokv");
-    compression c;
-    try {
-        const auto parsed = opts.parse(int(argv.size()), argv.data());
-        if (!parsed.unmatched().empty()) {
-            throw bad_request("kv_compression", "unexpected value '" + parsed.unmatched().front() + "'");
-        }
-        c.spec               = parse_method(parsed["method"].as<std::string>());
-        c.params             = tools::method_params_from(parsed);
-        c.params.head_scores = o.head_scores;
-        c.params.validate(method_window(c.spec, c.params));
-        if (requirements(c.spec, c.params).head_scores && o.head_scores.empty()) {
-            throw bad_request("kv_compression.method", c.spec.name() + " needs head scores: start the server with "
-                                                                        "--head-scores");
-        }
-    } catch (const cxxopts::exceptions::exception & e) {
-        throw bad_request("kv_compression", std::string("kv_compression: ") + e.what());
-    } catch (const ecokv::error & e) {
-        throw bad_request("kv_compression", std::string("kv_compression: ") + e.what());
-    }
-    c.on = true;
-    for (size_t i = 1; i < args.size(); ++i) {
-        c.key += args[i] + " ";
-    }
-    return c;
 }
 
 // The cache key of a prompt: one unit naming the compression, then the prompt's units.
@@ -320,7 +266,7 @@ void chat_server::chat(const httplib::Request & req, httplib::Response & res) {
         throw request_error(404, "invalid_request_error", "model",
                             "the model '" + r.model + "' does not exist; this server serves '" + o_.model_name + "'");
     }
-    const compression c    = resolve(r, o_);
+    const compression c    = resolve_compression(r, o_.kv);
     auto              slot = acquire();
     auto              t    = prepare(std::move(r), c);
     const bool        sse  = t->req.stream;

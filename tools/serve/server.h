@@ -23,14 +23,6 @@ class DataSink;
 
 namespace ecokv::serve {
 
-// The KV compression of one request (the server's method flags with the request's kv_compression on top).
-struct compression {
-    bool          on = false;
-    method_spec   spec;
-    method_params params;
-    std::string   key;  // identity: conversations kept under another compression are not continued
-};
-
 struct serve_options {
     std::string              host = "127.0.0.1";
     int                      port = 8080;        // 0: any free port (see chat_server::port)
@@ -38,9 +30,7 @@ struct serve_options {
     int32_t                  queue = 16;         // requests waiting for a slot; more get 503
     uint64_t                 cache_bytes = 256ull << 20;  // kept conversations
     std::string              model_name;         // what /v1/models lists and requests may name
-    std::vector<std::string> method_args;        // the server's method flags (--method X --budget N ...)
-    bool                     compress = true;    // false: full caches by default
-    std::string              head_scores;        // SparseMM head scores (server side only)
+    compression_defaults     kv;                 // the server's method flags, default on/off, head scores
     request_limits           limits;
 };
 
