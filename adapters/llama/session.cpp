@@ -341,7 +341,7 @@ prompt session::make_prompt_from_memory(const std::string & text, const std::vec
                                                               images[i].size(), false,
                                                               mtmd_helper_init_opt_default()).bitmap);
         if (!bitmaps.back()) {
-            throw image_error(i, "cannot decode the image (PNG, JPEG, BMP or GIF expected)");
+            throw image_error(i, "cannot decode the image (not a whole PNG, JPEG, BMP or GIF, or too large to decode)");
         }
         ptrs.push_back(bitmaps.back().get());
         hashes.push_back(image_hash(images[i]));

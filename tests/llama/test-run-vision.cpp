@@ -81,7 +81,7 @@ TEST(run_vision, bad_inputs) {
     write_file(f.dir / "broken.png", "not an image");
     const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
         { { "run", "--model", f.model, "--mmproj", f.dir / "wrong.gguf", "--image", f.image, "-p", "x", "-m", "ecokv" },
-          "cannot load the projector" },
+          "the projector's output width is 48, the model's embedding width 64" },
         { { "run", "--model", f.model, "--mmproj", f.dir / "none.gguf", "--image", f.image, "-p", "x", "-m", "ecokv" },
           "no such mmproj file" },
         { { "run", "--model", f.model, "--mmproj", f.mmproj, "--image", f.dir / "broken.png", "-p", "x", "-m", "ecokv" },
