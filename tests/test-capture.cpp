@@ -2,7 +2,7 @@
 // data.
 //
 // Expected values are computed independently of the code under test: bad captures written tensor by tensor with
-// the raw safetensors writer, elements decoded with _Float16.
+// the raw safetensors writer, elements decoded by half_value.
 #include "ecokv/ecokv.h"
 
 #include "test-io-util.h"
@@ -340,7 +340,7 @@ struct patched_capture {
         if (t.type == ecokv::dtype::f32) {
             std::memcpy(p, &x, 4);
         } else {
-            const uint16_t h = half_bits(_Float16(x));
+            const uint16_t h = half_bits((x));
             std::memcpy(p, &h, 2);
         }
     }

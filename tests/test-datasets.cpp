@@ -368,7 +368,7 @@ TEST(dataset_errors, an_empty_directory_names_the_expected_file) {
     };
     temp_dir tmp;
     for (const auto & [name, part] : want) {
-        const std::string msg = error_of([&] { ecokv::load_dataset(name, tmp.path().string()); });
+        const std::string msg = error_of([&, dataset = name] { ecokv::load_dataset(dataset, tmp.path().string()); });
         EXPECT_EQ(msg.rfind(tmp.path().string(), 0), 0u) << name << ": " << msg;
         EXPECT_TRUE(contains(msg, part)) << name << ": " << msg;
     }

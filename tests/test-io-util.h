@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -29,17 +30,53 @@ template <typename T> std::string raw(const std::vector<T> & v) {
     return std::string(reinterpret_cast<const char *>(v.data()), v.size() * sizeof(T));
 }
 
-inline uint16_t half_bits(_Float16 h) {
-    uint16_t b;
+// The reference half conversions, independent of src/tensor.cpp: the compiler's _Float16 where it has one (GCC on
+// x86-64), else plain arithmetic (frexp/ldexp, round half to even by nearbyint); clang 14 has no x86 _Float16.
+#if defined(__FLT16_MANT_DIG__) && !defined(__clang__)
+inline uint16_t half_bits(float x) {
+    const _Float16 h = _Float16(x);
+    uint16_t       b;
     std::memcpy(&b, &h, 2);
     return b;
 }
 
-inline _Float16 half_of_bits(uint16_t b) {
+inline float half_value(uint16_t b) {
     _Float16 h;
     std::memcpy(&h, &b, 2);
-    return h;
+    return float(h);
 }
+#else
+inline uint16_t half_bits(float x) {
+    const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+    const float    a    = std::fabs(x);
+    if (std::isnan(x)) {
+        return sign | 0x7e00;
+    }
+    if (std::isinf(x)) {
+        return sign | 0x7c00;
+    }
+    if (a < std::ldexp(1.0f, -14)) {  // subnormal: a multiple of 2^-24 (1024 of them is the smallest normal)
+        return sign | uint16_t(std::nearbyint(a * std::ldexp(1.0f, 24)));
+    }
+    int         e        = 0;
+    const float m        = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
+    float       fraction = std::nearbyint((2 * m - 1) * 1024);
+    int         biased   = e - 1 + 15;
+    if (fraction == 1024) {
+        fraction = 0;
+        ++biased;
+    }
+    return biased >= 31 ? sign | 0x7c00 : sign | uint16_t(biased << 10) | uint16_t(fraction);
+}
+
+inline float half_value(uint16_t b) {
+    const int   exponent = (b >> 10) & 31, fraction = b & 1023;
+    const float v        = exponent == 0    ? std::ldexp(float(fraction), -24)
+                           : exponent == 31 ? (fraction ? NAN : INFINITY)
+                                            : std::ldexp(float(1024 + fraction), exponent - 25);
+    return b & 0x8000 ? -v : v;
+}
+#endif
 
 // Runs fn, expects ecokv::error whose message contains every one of `parts`.
 inline void expect_error(const std::function<void()> & fn, std::initializer_list<std::string> parts) {
@@ -58,7 +95,7 @@ inline void expect_error(const std::function<void()> & fn, std::initializer_list
     ADD_FAILURE() << "expected ecokv::error, nothing was thrown";
 }
 
-// Every element of a [d2][d1][d0] F32 or F16 view, decoded with _Float16 (independent of row_f32).
+// Every element of a [d2][d1][d0] F32 or F16 view, decoded by half_value (independent of row_f32).
 inline std::vector<float> elements(const ecokv::tensor_view & v) {
     std::vector<float> out;
     for (int64_t i2 = 0; i2 < v.ne[2]; ++i2) {
@@ -72,7 +109,7 @@ inline std::vector<float> elements(const ecokv::tensor_view & v) {
                 } else {
                     uint16_t h;
                     std::memcpy(&h, r + 2 * i0, 2);
-                    out.push_back(float(half_of_bits(h)));
+                    out.push_back(half_value(h));
                 }
             }
         }

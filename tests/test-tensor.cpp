@@ -1,7 +1,7 @@
 // Half-precision conversion and tensor views (F32, F16, U8; packed and strided).
 //
-// Expected values are computed independently of the code under test: GCC's _Float16 for the half conversions,
-// arithmetic by hand.
+// Expected values are computed independently of the code under test: GCC's _Float16 (under clang, plain arithmetic:
+// test-io-util.h) for the half conversions, arithmetic by hand.
 #include "ecokv/ecokv.h"
 
 #include "test-io-util.h"
@@ -27,7 +27,7 @@ using namespace ecokv::test;
 TEST(half, f16_to_f32_matches_float16_for_every_bit_pattern) {
     int n_nan = 0;
     for (uint32_t bits = 0; bits < 65536; ++bits) {
-        const float expected = float(half_of_bits(uint16_t(bits)));
+        const float expected = half_value(uint16_t(bits));
         const float got      = ecokv::f16_to_f32(uint16_t(bits));
         if (std::isnan(expected)) {
             ++n_nan;
@@ -57,7 +57,7 @@ TEST(half, f16_to_f32_spot_values) {
 
 void expect_f32_to_f16(float x) {
     const uint16_t got      = ecokv::f32_to_f16(x);
-    const uint16_t expected = half_bits(_Float16(x));
+    const uint16_t expected = half_bits((x));
     if (std::isnan(x)) {
         EXPECT_TRUE((got & 0x7c00) == 0x7c00 && (got & 0x03ff) != 0) << "NaN became " << std::hex << got;
     } else {
@@ -67,11 +67,11 @@ void expect_f32_to_f16(float x) {
 
 TEST(half, f32_to_f16_exact_on_every_half_value) {
     for (uint32_t bits = 0; bits < 65536; ++bits) {
-        const _Float16 h = half_of_bits(uint16_t(bits));
-        if (std::isnan(float(h))) {
+        const float h = half_value(uint16_t(bits));
+        if (std::isnan(h)) {
             continue;
         }
-        EXPECT_EQ(ecokv::f32_to_f16(float(h)), uint16_t(bits)) << std::hex << bits;
+        EXPECT_EQ(ecokv::f32_to_f16(h), uint16_t(bits)) << std::hex << bits;
     }
 }
 
@@ -80,8 +80,8 @@ TEST(half, f32_to_f16_midpoints_round_to_even) {
     // float: 12 significant bits) and the floats just below and above it, for both signs.
     int n_ties_down = 0, n_ties_up = 0;
     for (uint32_t bits = 0; bits < 0x7bff; ++bits) {
-        const float a = float(half_of_bits(uint16_t(bits)));
-        const float b = float(half_of_bits(uint16_t(bits + 1)));
+        const float a = half_value(uint16_t(bits));
+        const float b = half_value(uint16_t(bits + 1));
         const float m = (a + b) / 2;  // exact
         ASSERT_EQ(double(m), (double(a) + double(b)) / 2);
         for (float x : { m, std::nextafter(m, 0.0f), std::nextafter(m, 1e9f) }) {
@@ -156,7 +156,7 @@ TEST(half, f32_to_f16_special_values) {
         const uint16_t h = ecokv::f32_to_f16(std::bit_cast<float>(bits));
         EXPECT_EQ(h & 0x7c00, 0x7c00) << std::hex << bits;
         EXPECT_NE(h & 0x03ff, 0) << std::hex << bits;
-        EXPECT_TRUE(std::isnan(float(half_of_bits(h)))) << std::hex << bits;
+        EXPECT_TRUE(std::isnan(half_value(h))) << std::hex << bits;
         EXPECT_EQ(h >> 15, bits >> 31) << std::hex << bits;
     }
 }
@@ -222,7 +222,7 @@ TEST(tensor_view, row_f32_f16) {
     for (int i2 = 0; i2 < 3; ++i2) {
         for (int i1 = 0; i1 < 4; ++i1) {
             for (int i0 = 0; i0 < 5; ++i0) {
-                data.push_back(half_bits(_Float16(float(i2 * 8 + i1 * 2) + 0.5f * i0 - 5.0f)));
+                data.push_back(half_bits((float(i2 * 8 + i1 * 2) + 0.5f * i0 - 5.0f)));
             }
         }
     }
@@ -242,7 +242,7 @@ TEST(tensor_view, row_f32_f16) {
 }
 
 TEST(tensor_view, row_f32_f16_every_bit_pattern) {
-    // All 65536 halves through row_f32, in rows of 21 (vector blocks of 8 plus a tail of 5), against _Float16.
+    // All 65536 halves through row_f32, in rows of 21 (vector blocks of 8 plus a tail of 5), against half_value.
     constexpr int64_t     width = 21, half = (65536 / width + 2) / 2;  // 2 * half rows cover 65536
     std::vector<uint16_t> data(size_t(2 * half * width), 0);
     for (uint32_t b = 0; b < 65536; ++b) {
@@ -254,7 +254,7 @@ TEST(tensor_view, row_f32_f16_every_bit_pattern) {
         v.row_f32(r % half, r / half, out.data());
         for (int64_t i = 0; i < width; ++i) {
             const uint16_t b        = data[size_t(r * width + i)];
-            const float    expected = float(half_of_bits(b));
+            const float    expected = half_value(b);
             if (std::isnan(expected)) {
                 EXPECT_TRUE(std::isnan(out[i])) << std::hex << b;
             } else {

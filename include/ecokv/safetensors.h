@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ecokv {
@@ -68,5 +69,9 @@ class safetensors_writer {
 // Writes `contents` to `path` through a temporary file in the same directory, renamed into
 // place only after a successful flush. Shared by every writer of the project.
 void write_file_atomic(const std::string & path, const std::string & contents);
+
+// Several files (path, contents) as one: each written to its temporary file first, all renamed into place only
+// once every one is whole, so a failure (a full disk) leaves none of them new.
+void write_files_atomic(const std::vector<std::pair<std::string, std::string>> & files);
 
 }  // namespace ecokv

@@ -235,7 +235,10 @@ void safetensors_writer::write(const std::string & path) const {
     write_file_atomic(path, out);
 }
 
-void write_file_atomic(const std::string & path, const std::string & contents) {
+namespace {
+
+// `contents` written to a new temporary file beside `path`; returns its name. Nothing is left on failure.
+std::string write_temporary(const std::string & path, const std::string & contents) {
     namespace fs = std::filesystem;
     const fs::path target(path);
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -259,10 +262,41 @@ void write_file_atomic(const std::string & path, const std::string & contents) {
         done += size_t(n);
     }
     ::fchmod(fd, 0644);
-    if (::close(fd) != 0 || std::rename(tmpl.c_str(), path.c_str()) != 0) {
+    if (::close(fd) != 0) {
         const int err = errno;
         ::unlink(tmpl.c_str());
         ECOKV_THROW("%s: cannot write: %s", path.c_str(), std::strerror(err));
+    }
+    return tmpl;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string & path, const std::string & contents) {
+    write_files_atomic({ { path, contents } });
+}
+
+void write_files_atomic(const std::vector<std::pair<std::string, std::string>> & files) {
+    std::vector<std::string> temporaries;
+    try {
+        for (const auto & [path, contents] : files) {
+            temporaries.push_back(write_temporary(path, contents));
+        }
+    } catch (const error &) {
+        for (const std::string & t : temporaries) {
+            ::unlink(t.c_str());
+        }
+        throw;
+    }
+    // Every file is whole on disk; renames need no space.
+    for (size_t i = 0; i < files.size(); ++i) {
+        if (std::rename(temporaries[i].c_str(), files[i].first.c_str()) != 0) {
+            const int err = errno;
+            for (size_t j = i; j < files.size(); ++j) {
+                ::unlink(temporaries[j].c_str());
+            }
+            ECOKV_THROW("%s: cannot write: %s", files[i].first.c_str(), std::strerror(err));
+        }
     }
 }
 

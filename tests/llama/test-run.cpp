@@ -105,7 +105,7 @@ TEST(run, bad_input_gives_a_clear_error) {
     write_file(dir / "long.txt", long_prompt);
     const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
         { { "run", "--model", dir / "missing.gguf", "-p", "hi", "-m", "ecokv" }, "no such model file" },
-        { { "run", "--model", dir / "corrupt.gguf", "-p", "hi", "-m", "ecokv" }, "cannot load the model" },
+        { { "run", "--model", dir / "corrupt.gguf", "-p", "hi", "-m", "ecokv" }, "not a readable GGUF file" },
         { { "run", "--model", k_model, "-f", dir / "long.txt", "-m", "ecokv" }, "exceeds the model's context" },
         { { "run", "--model", k_model, "-p", "hi", "-m", "ecokv", "-b", "4" }, "--budget 4 must be larger than --window 4" },
         { { "run", "--model", k_model, "-p", "hi", "-m", "snapk" }, "unknown method 'snapk'" },

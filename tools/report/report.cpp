@@ -298,9 +298,8 @@ int ecokv_report(int argc, char ** argv) {
         }
         std::fputs(md.str().c_str(), stdout);
         const std::string prefix = args.count("out") ? args["out"].as<std::string>() : dirs.front() + "/report";
-        ecokv::write_file_atomic(prefix + ".md", md.str());
-        ecokv::write_file_atomic(prefix + ".csv", csv.str());
-        ecokv::write_file_atomic(prefix + ".json", js.dump(2) + "\n");
+        ecokv::write_files_atomic(
+            { { prefix + ".md", md.str() }, { prefix + ".csv", csv.str() }, { prefix + ".json", js.dump(2) + "\n" } });
         return 0;
     });
 }
