@@ -91,8 +91,8 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
     try {
         out.sel = compress(state.view(), spec, params);
     } catch (const non_finite_error & e) {
-        throw error("the model '" + state.view().model + "' computed NaN or infinite values in its prefill (" +
-                    e.what() + "): are its weights corrupt?");
+        throw non_finite_error("the model '" + state.view().model + "' computed NaN or infinite values in its prefill (" +
+                               e.what() + "): are its weights corrupt?");
     }
     out.select_seconds  = seconds_since(t0);
 

@@ -407,6 +407,16 @@ struct sequence::impl {
     std::vector<float>   origin_logits;
     bool                 origin_own = true;
 
+    // compress_context; NaN from the prefill (weights the pre-flight cannot read) names the model file.
+    compressed_cache compress(const prefill_state & st, const method_spec & spec, const method_params & params,
+                              int32_t n_room, query_capture * observer, bool in_place) const {
+        try {
+            return compress_context(s->model, st, spec, params, n_room, cparams, observer, in_place);
+        } catch (const non_finite_error & e) {
+            throw error(s->opts.model_path + ": " + e.what());
+        }
+    }
+
     const prefill_state & prefill() const {
         if (!prefilled || !capture) {
             throw error("the sequence has no prefill capture (prefill it with method requirements to compress it)");
@@ -627,7 +637,7 @@ sequence sequence::compress(const method_spec & spec, const method_params & para
         observer = std::make_unique<query_capture>(impl_->s->model, 1, false);
         observer->set_active(false);
     }
-    compressed_cache cc = compress_context(impl_->s->model, st, spec, params, n_extra, impl_->cparams, observer.get());
+    compressed_cache cc = impl_->compress(st, spec, params, n_extra, observer.get(), false);
     auto q       = std::make_unique<impl>();
     q->s         = impl_->s;
     q->cparams   = impl_->cparams;
@@ -643,8 +653,7 @@ sequence sequence::compress(const method_spec & spec, const method_params & para
 
 void sequence::compress_in_place(const method_spec & spec, const method_params & params) {
     check_window(spec, params);
-    compressed_cache cc = compress_context(impl_->s->model, impl_->prefill(), spec, params, impl_->n_extra,
-                                           impl_->cparams, nullptr, true);
+    compressed_cache cc = impl_->compress(impl_->prefill(), spec, params, impl_->n_extra, nullptr, true);
     impl_->become_compressed(*impl_, std::move(cc));
 }
 
