@@ -129,15 +129,7 @@ mkdir -p "$DIR/img"
 head -c 400 "$M/tiny-vlm-sample.png" > "$DIR/img/truncated.png"
 : > "$DIR/img/empty.png"
 echo 'just some text, not a PNG' > "$DIR/img/text.png"
-python3 - "$DIR/img" <<'PY'
-import struct, sys, zlib
-def png(w, h, rows):
-    chunk = lambda t, d: struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
-    return (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, 8, 2, 0, 0, 0)) +
-            chunk(b'IDAT', zlib.compress(b''.join(b'\x00' + b'\x80' * (3 * w) for _ in range(rows)))) + chunk(b'IEND', b''))
-open(sys.argv[1] + '/huge.png', 'wb').write(png(40000, 40000, 1))  # declares 1.6 G pixels, holds one row
-open(sys.argv[1] + '/wide.png', 'wb').write(png(20000, 1, 1))
-PY
+python3 "$(dirname "$0")/../support/make-images.py" "$DIR/img"
 run_img=(run --model "$M/tiny-vlm.gguf" --mmproj "$M/tiny-vlm-mmproj.gguf" -n 4 -t 1 -p "What is the TOTAL?")
 for name in truncated empty text huge; do
     err=$("$E" "${run_img[@]}" --image "$DIR/img/$name.png" 2>&1 >/dev/null)

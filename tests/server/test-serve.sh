@@ -45,15 +45,7 @@ expect 400 "max_tokens of the wrong type" '{"max_tokens": "9", "messages": [{"ro
 expect 400 "an image that is not an image" "$(img "$(echo 'just some text, not a PNG' | base64 -w0)")"
 expect 400 "a truncated image" "$(img "${png:0:400}")"
 expect 400 "malformed base64" "$(img 'iVBOR*w0KGgo')"
-python3 - "$DIR" <<'PY'
-import struct, sys, zlib
-def png(w, h, rows):
-    chunk = lambda t, d: struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
-    return (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, 8, 2, 0, 0, 0)) +
-            chunk(b'IDAT', zlib.compress(b''.join(b'\x00' + b'\x80' * (3 * w) for _ in range(rows)))) + chunk(b'IEND', b''))
-open(sys.argv[1] + '/huge.png', 'wb').write(png(40000, 40000, 1))  # declares 1.6 G pixels, holds one row
-open(sys.argv[1] + '/wide.png', 'wb').write(png(20000, 1, 1))
-PY
+python3 "$(dirname "$0")/../support/make-images.py" "$DIR"
 expect 400 "an image declaring 40000x40000 pixels" "$(img "$(base64 -w0 "$DIR/huge.png")")"
 expect 200 "a 20000x1 image" "$(img "$(base64 -w0 "$DIR/wide.png")")"
 expect 400 "a remote image URL" '{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}'
