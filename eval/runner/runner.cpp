@@ -270,6 +270,12 @@ eval_plan plan_eval(const eval_options & options) {
     plan.options               = options;
     const dataset_info & data  = find_dataset(options.dataset);
     plan.metric                = &find_metric(options.metric.empty() ? data.metric : options.metric);
+    if (options.methods.empty()) {
+        throw error("--methods names no method (a comma-separated list: full, snapkv+ecokv, ...)");
+    }
+    if (options.budgets.empty()) {
+        throw error("--budgets names no budget (a comma-separated list: 64,128)");
+    }
     plan.options.methods       = canonical_methods(options, plan.needs);
     std::sort(plan.options.budgets.begin(), plan.options.budgets.end());
     plan.options.budgets.erase(std::unique(plan.options.budgets.begin(), plan.options.budgets.end()),

@@ -325,6 +325,8 @@ TEST(eval, bad_options_are_rejected) {
         { { "--shard", "2/2" }, "--shard '2/2' must be i/n" },
         { { "--mode", "bogus" }, "--mode must be prompt or agnostic" },
         { { "--metric", "nosuch" }, "ecokv eval: error: unknown metric 'nosuch'; known: exact, " },
+        { { "--methods", "," }, "--methods names no method" },
+        { { "--budgets", "99999999999" }, "--budgets: '99999999999' is not an integer in [-2147483648, 2147483647]" },
     };
     for (const auto & [extra, message] : cases) {
         const run_result r = f.eval(f.dir / "bad", extra);

@@ -35,7 +35,8 @@ std::vector<int32_t> parse_budgets(const std::string & s) {
         } catch (const std::exception &) {
         }
         if (used == 0 || used != b.size()) {
-            throw error("--budgets: '" + b + "' is not an integer");
+            throw error("--budgets: '" + b + "' is not an integer in [" + std::to_string(INT32_MIN) + ", " +
+                        std::to_string(INT32_MAX) + "]");
         }
     }
     return out;
