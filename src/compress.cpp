@@ -19,8 +19,8 @@ namespace ecokv {
 namespace {
 
 uint64_t entry_bytes(const capture_view & cap) {
-    return uint64_t(cap.head_dim) * dtype_size(cap.layers[0].keys.type) +
-           uint64_t(cap.head_dim_v) * dtype_size(cap.layers[0].values.type);
+    const head_view h = cap.head(0, 0);
+    return uint64_t(cap.head_dim) * dtype_size(h.keys.type) + uint64_t(cap.head_dim_v) * dtype_size(h.values.type);
 }
 
 // One compression run: the validated method and its per-head state.
@@ -49,8 +49,9 @@ class run {
     }
 
     int32_t n_window() const { return n_window_; }
-    int32_t n_prefix() const { return cap_.n_tokens - n_window_; }
     size_t  n_heads() const { return size_t(cap_.n_layers) * cap_.n_kv_heads; }
+    int32_t n_tokens(size_t i) const { return cap_.head(layer(i), head(i)).n_tokens; }  // T of head i
+    int32_t n_prefix(size_t i) const { return n_tokens(i) - n_window_; }
 
     // Runs head_fn(i, budget) for every head; the allocation is made before (from all statistics) or
     // per head (allocators that need none).
@@ -65,7 +66,7 @@ class run {
         ECOKV_ASSERT(alloc.budget.size() == n_heads());
         kernels::parallel_for(int64_t(n_heads()), n_threads_, [&](int64_t i) {
             measure(size_t(i));
-            const head_budget b{ std::clamp(alloc.budget[i], 0, n_prefix()),
+            const head_budget b{ std::clamp(alloc.budget[i], 0, n_prefix(size_t(i))),
                                  alloc.budget_image.empty() ? -1 : alloc.budget_image[i], alloc.text_first };
             head_fn(size_t(i), b);
             stats_[i] = {};  // release as we go
@@ -73,14 +74,15 @@ class run {
     }
 
     std::vector<double> score(size_t i) const {
-        std::vector<double> s(static_cast<size_t>(n_prefix()), 0.0);
+        std::vector<double> s(static_cast<size_t>(n_prefix(i)), 0.0);
         scorer_->score({ cap_, params_, layer(i), head(i), n_window_, stats_[i] }, s);
         return s;
     }
 
-  private:
     int32_t layer(size_t i) const { return int32_t(i / cap_.n_kv_heads); }
     int32_t head(size_t i) const { return int32_t(i % cap_.n_kv_heads); }
+
+  private:
 
     // NaN check and statistics of head i, once.
     void measure(size_t i) {
@@ -90,11 +92,11 @@ class run {
         }
         cap_.check_finite(layer(i), head(i));
         if (needs_ & stat_window_attention) {
-            st.attn_raw.resize(size_t(n_prefix()));
+            st.attn_raw.resize(size_t(n_prefix(i)));
             kernels::window_attention(cap_, layer(i), head(i), n_window_, st.attn_raw);
         }
         if (needs_ & stat_accum_attention) {
-            st.attn_accum.resize(size_t(n_prefix()));
+            st.attn_accum.resize(size_t(n_prefix(i)));
             kernels::accumulated_attention(cap_, layer(i), head(i), st.attn_accum);
         }
         st.measured = true;
@@ -133,26 +135,30 @@ selection compress(const capture_view & cap, const method_spec & spec, const met
     sel.window   = r.n_window();
     sel.n_tokens = cap.n_tokens;
     sel.layers.assign(size_t(cap.n_layers), std::vector<head_selection>(size_t(cap.n_kv_heads)));
-    sel.kv_bytes_full = uint64_t(r.n_heads()) * cap.n_tokens * entry_bytes(cap);
     auto head_of = [&](size_t i) -> head_selection & { return sel.layers[i / cap.n_kv_heads][i % cap.n_kv_heads]; };
+    uint64_t n_entries = 0;
+    for (size_t i = 0; i < r.n_heads(); ++i) {
+        n_entries += uint64_t(r.n_tokens(i));
+    }
+    sel.kv_bytes_full = n_entries * entry_bytes(cap);
 
     if (cap.n_tokens <= params.budget) {  // SPEC §2: nothing to compress anywhere
         cap.check_finite();
         for (size_t i = 0; i < r.n_heads(); ++i) {
-            head_of(i).kept.resize(size_t(cap.n_tokens));
+            head_of(i).kept.resize(size_t(r.n_tokens(i)));
             std::iota(head_of(i).kept.begin(), head_of(i).kept.end(), 0);
             if (params.merge == merge_kind::pivot) {  // nothing evicted: the rows are the originals
-                merge_pivot(cap, int32_t(i / cap.n_kv_heads), int32_t(i % cap.n_kv_heads), r.n_window(), head_of(i));
+                merge_pivot(cap, r.layer(i), r.head(i), r.n_window(), head_of(i));
             }
         }
     } else {
         r.for_each_head([&](size_t i, const head_budget & b) {
             // A head whose budget covers P keeps everything without scoring.
-            const std::vector<double> s = b.prefix < r.n_prefix() ? r.score(i)
-                                                                  : std::vector<double>(size_t(r.n_prefix()), 0.0);
-            head_of(i).kept = select_head(s, b, cap.n_tokens, cap);
+            const std::vector<double> s = b.prefix < r.n_prefix(i) ? r.score(i)
+                                                                   : std::vector<double>(size_t(r.n_prefix(i)), 0.0);
+            head_of(i).kept = select_head(s, b, cap.head(r.layer(i), r.head(i)));
             if (params.merge == merge_kind::pivot) {
-                merge_pivot(cap, int32_t(i / cap.n_kv_heads), int32_t(i % cap.n_kv_heads), r.n_window(), head_of(i));
+                merge_pivot(cap, r.layer(i), r.head(i), r.n_window(), head_of(i));
             }
         });
     }
@@ -164,7 +170,7 @@ std::vector<std::vector<double>> score_heads(const capture_view & cap, const met
                                              const method_params & params, const compress_options & options) {
     run                              r(cap, spec, params, options);
     std::vector<std::vector<double>> out(r.n_heads());
-    if (r.n_prefix() > 0) {
+    if (cap.n_tokens > r.n_window()) {
         r.for_each_head([&](size_t i, const head_budget &) { out[i] = r.score(i); });
     }
     return out;

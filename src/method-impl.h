@@ -40,9 +40,12 @@ struct head_input {
     int32_t               n_window;  // N
     const head_stats &    stats;
 
-    int32_t n_prefix() const { return cap.n_tokens - n_window; }  // |P|
-    const tensor_view & keys() const { return cap.layers[il].keys; }
-    const tensor_view & values() const { return cap.layers[il].values; }
+    head_view           tokens() const { return cap.head(il, ig); }
+    int32_t             n_tokens() const { return tokens().n_tokens; }   // T of this head
+    int32_t             n_prefix() const { return n_tokens() - n_window; }  // |P|
+    const tensor_view & keys() const { return tokens().keys; }
+    const tensor_view & values() const { return tokens().values; }
+    int64_t             slice() const { return tokens().slice; }  // the head's slice of keys() and values()
 };
 
 class scorer_i {

@@ -24,8 +24,7 @@ void top_k(std::vector<int32_t> & idx, size_t k, std::span<const double> scores,
 
 }  // namespace
 
-std::vector<int32_t> select_head(std::span<const double> scores, const head_budget & budget, int32_t n_tokens,
-                                 const capture_view & cap) {
+std::vector<int32_t> select_head(std::span<const double> scores, const head_budget & budget, const head_view & head) {
     const int32_t n_prefix = int32_t(scores.size());
     ECOKV_ASSERT(budget.prefix >= 0 && budget.prefix <= n_prefix);
     for (int32_t j = 0; j < n_prefix; ++j) {
@@ -38,7 +37,7 @@ std::vector<int32_t> select_head(std::span<const double> scores, const head_budg
         std::vector<int8_t> text_rank;
         if (budget.text_first) {
             for (int32_t j = 0; j < n_prefix; ++j) {
-                text_rank.push_back(cap.is_text(j) ? 1 : 0);
+                text_rank.push_back(head.is_text(j) ? 1 : 0);
             }
         }
         kept.resize(size_t(n_prefix));
@@ -47,7 +46,7 @@ std::vector<int32_t> select_head(std::span<const double> scores, const head_budg
     } else {
         std::vector<int32_t> text, other;
         for (int32_t j = 0; j < n_prefix; ++j) {
-            (cap.is_text(j) ? text : other).push_back(j);
+            (head.is_text(j) ? text : other).push_back(j);
         }
         // Each modality takes its share; what one cannot use (too few tokens) goes to the other.
         int32_t take_other = std::min<int32_t>(std::min(budget.image, budget.prefix), int32_t(other.size()));
@@ -58,7 +57,7 @@ std::vector<int32_t> select_head(std::span<const double> scores, const head_budg
         kept = std::move(text);
         kept.insert(kept.end(), other.begin(), other.end());
     }
-    for (int32_t t = n_prefix; t < n_tokens; ++t) {
+    for (int32_t t = n_prefix; t < head.n_tokens; ++t) {
         kept.push_back(t);
     }
     std::sort(kept.begin(), kept.end());
@@ -66,8 +65,9 @@ std::vector<int32_t> select_head(std::span<const double> scores, const head_budg
 }
 
 void merge_pivot(const capture_view & cap, int32_t il, int32_t ig, int32_t n_window, head_selection & sel) {
-    const tensor_view & keys   = cap.layers[il].keys;
-    const tensor_view & values = cap.layers[il].values;
+    const head_view     head   = cap.head(il, ig);
+    const tensor_view & keys   = head.keys;
+    const tensor_view & values = head.values;
     const int32_t       d = cap.head_dim, dv = cap.head_dim_v;
     const size_t        n_kept = sel.kept.size();
 
@@ -75,8 +75,8 @@ void merge_pivot(const capture_view & cap, int32_t il, int32_t ig, int32_t n_win
     sel.values.resize(n_kept * dv);
     std::vector<double> unit(n_kept * d);  // normalised kept keys
     for (size_t p = 0; p < n_kept; ++p) {
-        keys.row_f32(sel.kept[p], ig, sel.keys.data() + p * d);
-        values.row_f32(sel.kept[p], ig, sel.values.data() + p * dv);
+        keys.row_f32(sel.kept[p], head.slice, sel.keys.data() + p * d);
+        values.row_f32(sel.kept[p], head.slice, sel.values.data() + p * dv);
         double n2 = 0;
         for (int32_t i = 0; i < d; ++i) {
             n2 += double(sel.keys[p * d + i]) * sel.keys[p * d + i];
@@ -91,15 +91,15 @@ void merge_pivot(const capture_view & cap, int32_t il, int32_t ig, int32_t n_win
     std::vector<int32_t> count(n_kept, 1);
     std::vector<float>   k(static_cast<size_t>(d)), v(static_cast<size_t>(dv));
     size_t               next = 0;
-    for (int32_t e = 0; e < cap.n_tokens - n_window; ++e) {
+    for (int32_t e = 0; e < head.n_tokens - n_window; ++e) {
         while (next < n_kept && sel.kept[next] < e) {
             ++next;
         }
         if (next < n_kept && sel.kept[next] == e) {
             continue;  // kept, not merged
         }
-        keys.row_f32(e, ig, k.data());
-        values.row_f32(e, ig, v.data());
+        keys.row_f32(e, head.slice, k.data());
+        values.row_f32(e, head.slice, v.data());
         size_t best = 0;
         double best_dot = -INFINITY;
         for (size_t p = 0; p < n_kept; ++p) {  // the norm of k_e does not change the argmax

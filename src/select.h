@@ -16,9 +16,8 @@ struct head_budget {
     bool    text_first = false;  // LOOK-M: text tokens rank before image tokens
 };
 
-// Top-C prefix tokens by score (ties: lower index), plus the window [T - N, T); ascending indices.
-std::vector<int32_t> select_head(std::span<const double> scores, const head_budget & budget, int32_t n_tokens,
-                                 const capture_view & cap);
+// Top-C prefix tokens of the head by score (ties: lower index), plus its window [T - N, T); ascending indices.
+std::vector<int32_t> select_head(std::span<const double> scores, const head_budget & budget, const head_view & head);
 
 // LOOK-M pivot merge: every evicted prefix token of the head is averaged into its most cosine-similar kept
 // key (keys and values, with the same pivot). Fills sel.keys / sel.values for the kept rows.

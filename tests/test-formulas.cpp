@@ -287,7 +287,7 @@ TEST(madakv, demand_compensation_and_split_by_hand) {
 TEST(selection, ties_go_to_the_lower_index_and_window_is_kept) {
     const capture_view         cap = shape_only(1, 1, 1, 8);
     const std::vector<double>  s   = { 1, 2, 2, 1, 2 };  // P = 0..4, window 5..7
-    const auto kept = ecokv::select_head(s, { 2 }, 8, cap);
+    const auto kept = ecokv::select_head(s, { 2 }, cap.head(0, 0));
     EXPECT_EQ(kept, (std::vector<int32_t>{ 1, 2, 5, 6, 7 }));
 }
 
@@ -295,9 +295,9 @@ TEST(selection, text_first_and_modality_split_with_overflow) {
     capture_view cap = shape_only(1, 1, 1, 7);
     cap.modality     = { 1, 0, 1, 1, 0, 0, 0 };  // P = 0..4: image 0 2 3, text 1 4; window 5 6
     const std::vector<double> s = { 9, 1, 8, 7, 2 };
-    EXPECT_EQ(ecokv::select_head(s, { 3, -1, true }, 7, cap), (std::vector<int32_t>{ 0, 1, 4, 5, 6 }));
+    EXPECT_EQ(ecokv::select_head(s, { 3, -1, true }, cap.head(0, 0)), (std::vector<int32_t>{ 0, 1, 4, 5, 6 }));
     // Split asks 1 image + 3 text, but only 2 text exist: the spare slot returns to image (0, then 2).
-    EXPECT_EQ(ecokv::select_head(s, { 4, 1 }, 7, cap), (std::vector<int32_t>{ 0, 1, 2, 4, 5, 6 }));
+    EXPECT_EQ(ecokv::select_head(s, { 4, 1 }, cap.head(0, 0)), (std::vector<int32_t>{ 0, 1, 2, 4, 5, 6 }));
 }
 
 TEST(streamingllm, keeps_sinks_and_the_most_recent_tokens) {

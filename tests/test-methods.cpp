@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include <unistd.h>
@@ -148,6 +149,155 @@ TEST_P(methods, allocators_conserve_the_total_budget) {
     } else {
         EXPECT_EQ(total, uniform);
     }
+}
+
+// Per-head token sets (capture_view::heads, the chunked prefill's ragged candidates).
+
+// The capture's own data, each (layer, KV head) given as its own token set: a view of its slice.
+ecokv::capture_view as_per_head(const ecokv::capture_view & cap) {
+    ecokv::capture_view v = cap;
+    for (int32_t il = 0; il < cap.n_layers; ++il) {
+        for (int32_t ig = 0; ig < cap.n_kv_heads; ++ig) {
+            ecokv::head_tokens h;
+            for (auto [from, to] : { std::pair{ &cap.layers[il].keys, &h.keys }, { &cap.layers[il].values, &h.values } }) {
+                *to       = *from;
+                to->data  = from->row(0, ig);
+                to->ne[2] = 1;
+            }
+            h.modality = cap.modality;
+            v.heads.push_back(std::move(h));
+        }
+        v.layers[il].keys = v.layers[il].values = v.layers[il].full_queries = {};
+    }
+    v.modality.clear();
+    return v;
+}
+
+bool needs_full_queries(const ecokv::method_spec & m) {
+    return (ecokv::find_scorer(m.scorer).needs | ecokv::find_allocator(m.allocator).needs) & ecokv::stat_accum_attention;
+}
+
+TEST_P(methods, per_head_tokens_holding_every_token_change_nothing) {
+    const ecokv::capture_view heads = as_per_head(capture().view());
+    for (int32_t budget : { 48, 72 }) {
+        const auto p = params(budget);
+        if (needs_full_queries(spec())) {
+            EXPECT_THROW(ecokv::compress(heads, spec(), p), ecokv::error);
+            continue;
+        }
+        const auto want = ecokv::compress(capture().view(), spec(), p);
+        const auto got  = ecokv::compress(heads, spec(), p);
+        for (size_t il = 0; il < want.layers.size(); ++il) {
+            for (size_t ig = 0; ig < want.layers[il].size(); ++ig) {
+                EXPECT_EQ(got.layers[il][ig].kept, want.layers[il][ig].kept) << il << "/" << ig;
+                EXPECT_EQ(got.layers[il][ig].keys, want.layers[il][ig].keys);
+            }
+        }
+        EXPECT_EQ(got.kv_bytes_full, want.kv_bytes_full);
+    }
+}
+
+// Rows `tokens` of slice `slice` of `v`, packed as F32 [1][n][ne0] in `store`.
+ecokv::tensor_view gather(const ecokv::tensor_view & v, int64_t slice, const std::vector<int32_t> & tokens,
+                          std::vector<float> & store) {
+    const int64_t d = v.ne[0];
+    store.resize(tokens.size() * d);
+    for (size_t t = 0; t < tokens.size(); ++t) {
+        v.row_f32(tokens[t], slice, store.data() + t * d);
+    }
+    return ecokv::tensor_view::packed(store.data(), ecokv::dtype::f32, { 1, int64_t(tokens.size()), d });
+}
+
+// Every head holds its own subset of the tokens (sizes differ): with the uniform allocator, each head's selection
+// is what the scorer selects on a capture made of that head's tokens alone, built here by copying them. Every
+// scorer but random (seeded by the head's index) and those needing every prompt query.
+void expect_subsets_select_as_their_own_capture(const ecokv::method_spec & spec) {
+    const ecokv::capture_view & cap = capture().view();
+    const int32_t              group = cap.n_heads / cap.n_kv_heads;
+    ecokv::capture_view        ragged = cap;
+    std::vector<std::vector<float>>   store;
+    std::vector<std::vector<int32_t>> kept_tokens;
+    store.reserve(size_t(cap.n_layers) * cap.n_kv_heads * 4);
+    ragged.modality.clear();
+    for (int32_t il = 0; il < cap.n_layers; ++il) {
+        for (int32_t ig = 0; ig < cap.n_kv_heads; ++ig) {
+            std::vector<int32_t> tokens;  // drops a different share of the prefix in every head; the window stays
+            for (int32_t t = 0; t < cap.n_tokens; ++t) {
+                if (t >= cap.n_tokens - cap.n_queries || (t * 7 + il * 5 + ig * 3) % (il + ig + 3) != 0) {
+                    tokens.push_back(t);
+                }
+            }
+            ecokv::head_tokens h;
+            h.keys   = gather(cap.layers[il].keys, ig, tokens, store.emplace_back());
+            h.values = gather(cap.layers[il].values, ig, tokens, store.emplace_back());
+            for (int32_t t : tokens) {
+                h.modality.push_back(cap.modality[t]);
+            }
+            ragged.heads.push_back(std::move(h));
+            kept_tokens.push_back(std::move(tokens));
+        }
+        ragged.layers[il].keys = ragged.layers[il].values = ragged.layers[il].full_queries = {};
+    }
+    ecokv::method_params p;
+    p.budget       = 48;
+    const auto got = ecokv::compress(ragged, spec, p);
+    for (int32_t il = 0; il < cap.n_layers; ++il) {
+        for (int32_t ig = 0; ig < cap.n_kv_heads; ++ig) {
+            const std::vector<int32_t> & tokens = kept_tokens[size_t(il) * cap.n_kv_heads + ig];
+            ecokv::capture_view          one;  // layer il's KV head ig alone, with its query group
+            one.n_layers = 1, one.n_heads = group, one.n_kv_heads = 1, one.head_dim = cap.head_dim;
+            one.head_dim_v = cap.head_dim_v, one.n_tokens = int32_t(tokens.size()), one.n_queries = cap.n_queries;
+            std::vector<int32_t> all_queries(size_t(cap.n_queries));
+            std::iota(all_queries.begin(), all_queries.end(), 0);
+            ecokv::layer_capture l;
+            l.keys   = gather(cap.layers[il].keys, ig, tokens, store.emplace_back());
+            l.values = gather(cap.layers[il].values, ig, tokens, store.emplace_back());
+            std::vector<float> & q = store.emplace_back(size_t(group) * cap.n_queries * cap.head_dim);
+            for (int32_t h = 0; h < group; ++h) {
+                for (int32_t i = 0; i < cap.n_queries; ++i) {
+                    cap.layers[il].queries.row_f32(i, ig * group + h, q.data() + (size_t(h) * cap.n_queries + i) * cap.head_dim);
+                }
+            }
+            l.queries = ecokv::tensor_view::packed(q.data(), ecokv::dtype::f32, { group, cap.n_queries, cap.head_dim });
+            one.layers = { l };
+            for (int32_t t : tokens) {
+                one.modality.push_back(cap.modality[t]);
+            }
+            const auto want = ecokv::compress(one, spec, p);
+            EXPECT_EQ(got.layers[il][ig].kept, want.layers[0][0].kept) << spec.name() << " " << il << "/" << ig;
+        }
+    }
+}
+
+TEST(per_head_tokens, subsets_select_as_their_own_capture) {
+    int n = 0;
+    for (const auto & s : ecokv::scorer_registry()) {
+        const ecokv::method_spec spec{ "uniform", s.name };
+        if (std::string(s.name) != "random" && !needs_full_queries(spec)) {
+            expect_subsets_select_as_their_own_capture(spec);
+            ++n;
+        }
+    }
+    EXPECT_GE(n, 8);
+}
+
+TEST(per_head_tokens, bad_sets_are_refused) {
+    const ecokv::capture_view heads = as_per_head(capture().view());
+    ecokv::method_params      p;
+    p.budget = 48;
+    ecokv::capture_view short_set = heads;
+    short_set.heads.pop_back();
+    EXPECT_THROW(ecokv::compress(short_set, { "uniform", "snapkv" }, p), ecokv::error);
+    ecokv::capture_view too_few = heads;
+    too_few.heads[1].keys.ne[1] = too_few.heads[1].values.ne[1] = 8;  // fewer than the 32 window queries
+    too_few.heads[1].modality.resize(8);
+    EXPECT_THROW(ecokv::compress(too_few, { "uniform", "snapkv" }, p), ecokv::error);
+    ecokv::capture_view with_full = heads;
+    with_full.layers = capture().view().layers;
+    for (auto & l : with_full.layers) {
+        l.keys = l.values = {};
+    }
+    EXPECT_THROW(ecokv::compress(with_full, { "uniform", "snapkv" }, p), ecokv::error);
 }
 
 INSTANTIATE_TEST_SUITE_P(registry, methods, ::testing::ValuesIn(all_combos()),

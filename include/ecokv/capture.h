@@ -20,6 +20,26 @@ struct layer_capture {
     tensor_view full_queries;  // [n_heads][n_tokens][head_dim]       optional (h2o); empty() when absent
 };
 
+// The tokens one (layer, KV head) holds when heads hold different ones: a cache compressed before and extended
+// since (chunked prefill). Rows in position order, so the window (the last n_window tokens) is the same tokens in
+// every head.
+struct head_tokens {
+    tensor_view          keys;      // [1][n][head_dim]
+    tensor_view          values;    // [1][n][head_dim_v]
+    std::vector<uint8_t> modality;  // [n] values of ecokv::modality; empty means all text
+};
+
+// The K/V rows of one (layer, KV head): slice `slice` of `keys` and `values` holds its n_tokens tokens.
+struct head_view {
+    const tensor_view &          keys;
+    const tensor_view &          values;
+    int64_t                      slice;
+    int32_t                      n_tokens;
+    const std::vector<uint8_t> & modality;
+
+    bool is_text(int32_t t) const { return modality.empty() || modality[t] == uint8_t(modality::text); }
+};
+
 // Everything the methods read. Views do not own their data: a capture_file, the engine adapter or the
 // caller keeps it alive.
 struct capture_view {
@@ -34,9 +54,15 @@ struct capture_view {
     std::vector<layer_capture> layers;    // [n_layers]
     std::vector<uint8_t>       modality;  // [n_tokens] values of ecokv::modality; empty means all text
     std::string                model;     // model name, when known
+    // Per (layer, KV head), index il * n_kv_heads + ig, when heads hold different tokens: layers[].keys and
+    // .values are then empty, n_tokens is the most any head holds and `modality` is per head. Empty: every head
+    // holds tokens [0, n_tokens). Window queries are shared; full_queries (h2o) are not supported with it yet.
+    std::vector<head_tokens> heads;
 
     bool has_full_queries() const { return !layers.empty() && !layers[0].full_queries.empty(); }
     bool is_text(int32_t it) const { return modality.empty() || modality[it] == uint8_t(modality::text); }
+    // The tokens of (layer il, KV head ig), whichever way the capture holds them.
+    head_view head(int32_t il, int32_t ig) const;
 
     // Checks the dimensions and every view's shape against them; throws ecokv::error naming the tensor.
     void validate() const;
@@ -44,6 +70,9 @@ struct capture_view {
     // or over the slices one (layer, KV head) reads (its keys and values, its group's queries).
     void check_finite() const;
     void check_finite(int32_t il, int32_t ig) const;
+
+  private:
+    void validate_heads() const;
 };
 
 // A capture read from a safetensors file (memory-mapped; views point into the mapping).

@@ -11,7 +11,7 @@
 namespace ecokv {
 
 struct head_selection {
-    std::vector<int32_t> kept;  // ascending token indices
+    std::vector<int32_t> kept;  // ascending token indices (into the head's own tokens when capture_view::heads is set)
     // With a merge method, the rewritten rows of the kept tokens, else empty:
     std::vector<float> keys;    // [kept.size()][head_dim]
     std::vector<float> values;  // [kept.size()][head_dim_v]

@@ -41,10 +41,11 @@ class madakv final : public allocator_i {
         std::vector<int64_t> d(n, 0);
         for (size_t i = 0; i < n; ++i) {
             std::vector<double> img, txt;
-            const auto &        psi = in.stats[i].attn_raw;
+            const auto &        psi  = in.stats[i].attn_raw;
+            const head_view     head = in.cap.head(int32_t(i / in.cap.n_kv_heads), int32_t(i % in.cap.n_kv_heads));
             for (int32_t j = 0; j < int32_t(psi.size()); ++j) {
-                (in.cap.is_text(j) ? txt : img).push_back(psi[j]);
-                (in.cap.is_text(j) ? w_txt[i] : w_img[i]) += psi[j];
+                (head.is_text(j) ? txt : img).push_back(psi[j]);
+                (head.is_text(j) ? w_txt[i] : w_img[i]) += psi[j];
             }
             d[i] = demand(img, in.params.theta) + demand(txt, in.params.theta);
         }
@@ -56,7 +57,8 @@ class madakv final : public allocator_i {
         }
         allocation out;
         for (size_t i = 0; i < n; ++i) {
-            const int64_t b = std::min<int64_t>(m + (total > 0 ? div_rint(pool * d[i], total) : 0), n_prefix(in));
+            const int64_t b = std::min<int64_t>(m + (total > 0 ? div_rint(pool * d[i], total) : 0),
+                                                int64_t(in.stats[i].attn_raw.size()));  // the head's |P|
             const double  w = w_img[i] + w_txt[i];
             out.budget.push_back(int32_t(b));
             out.budget_image.push_back(w > 0 ? int32_t(kernels::rint_even(double(b) * w_img[i] / w)) : 0);

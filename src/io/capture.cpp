@@ -70,6 +70,52 @@ bool slice_finite(const tensor_view & v, int64_t i2) {
 
 }  // namespace
 
+head_view capture_view::head(int32_t il, int32_t ig) const {
+    if (heads.empty()) {
+        return { layers[il].keys, layers[il].values, ig, n_tokens, modality };
+    }
+    const head_tokens & h = heads[size_t(il) * n_kv_heads + ig];
+    return { h.keys, h.values, 0, int32_t(h.keys.ne[1]), h.modality };
+}
+
+namespace {
+
+void check_modality(const std::vector<uint8_t> & m, int64_t n, const std::string & name) {
+    if (!m.empty() && int64_t(m.size()) != n) {
+        ECOKV_THROW("tensor %s has %zu entries, expected %lld", name.c_str(), m.size(), (long long) n);
+    }
+    for (uint8_t v : m) {
+        if (v > uint8_t(modality::audio)) {
+            ECOKV_THROW("tensor %s holds %u; allowed: 0 text, 1 image, 2 audio", name.c_str(), unsigned(v));
+        }
+    }
+}
+
+}  // namespace
+
+// Per-head tokens: each head's rows within [n_queries, n_tokens], the shared layer views absent.
+void capture_view::validate_heads() const {
+    if (heads.size() != size_t(n_layers) * n_kv_heads) {
+        ECOKV_THROW("capture has %zu per-head token sets for %d layers x %d KV heads", heads.size(), n_layers,
+                    n_kv_heads);
+    }
+    if (!modality.empty() || has_full_queries()) {
+        ECOKV_THROW("a capture with per-head tokens has modality per head and no full_queries");
+    }
+    for (size_t i = 0; i < heads.size(); ++i) {
+        const head_tokens & h = heads[i];
+        const std::string   p = "heads." + std::to_string(i) + ".";
+        const int64_t       n = h.keys.ne[1];
+        if (n < n_queries || n > n_tokens) {
+            ECOKV_THROW("%skeys holds %lld tokens, outside [%d window queries, %d tokens]", p.c_str(), (long long) n,
+                        n_queries, n_tokens);
+        }
+        check_shape(h.keys, (p + "keys").c_str(), 1, n, head_dim);
+        check_shape(h.values, (p + "values").c_str(), 1, n, head_dim_v);
+        check_modality(h.modality, n, p + "modality");
+    }
+}
+
 void capture_view::validate() const {
     if (n_layers <= 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim_v <= 0 || n_tokens <= 0 ||
         n_queries <= 0) {
@@ -85,20 +131,18 @@ void capture_view::validate() const {
     if (int32_t(layers.size()) != n_layers) {
         ECOKV_THROW("capture has %zu layers, metadata says n_layers %d", layers.size(), n_layers);
     }
-    if (!modality.empty() && int32_t(modality.size()) != n_tokens) {
-        ECOKV_THROW("tensor modality has %zu entries, expected n_tokens %d", modality.size(), n_tokens);
+    if (!heads.empty()) {
+        validate_heads();
     }
-    for (uint8_t m : modality) {
-        if (m > uint8_t(modality::audio)) {
-            ECOKV_THROW("tensor modality holds %u; allowed: 0 text, 1 image, 2 audio", unsigned(m));
-        }
-    }
+    check_modality(modality, n_tokens, "modality");
     const bool full = has_full_queries();
     for (int32_t il = 0; il < n_layers; ++il) {
         const layer_capture & lc = layers[il];
         const std::string     p  = "layers." + std::to_string(il) + ".";
-        check_shape(lc.keys, (p + "keys").c_str(), n_kv_heads, n_tokens, head_dim);
-        check_shape(lc.values, (p + "values").c_str(), n_kv_heads, n_tokens, head_dim_v);
+        if (heads.empty()) {
+            check_shape(lc.keys, (p + "keys").c_str(), n_kv_heads, n_tokens, head_dim);
+            check_shape(lc.values, (p + "values").c_str(), n_kv_heads, n_tokens, head_dim_v);
+        }
         check_shape(lc.queries, (p + "queries").c_str(), n_heads, n_queries, head_dim);
         if (lc.full_queries.empty() == full) {
             ECOKV_THROW("tensor %sfull_queries must be present in every layer or in none", p.c_str());
@@ -112,11 +156,12 @@ void capture_view::validate() const {
 void capture_view::check_finite(int32_t il, int32_t ig) const {
     static const char * const names[] = { "keys", "values", "queries", "full_queries" };
     const int32_t             group   = n_heads / n_kv_heads;
+    const head_view           h       = head(il, ig);
     for (int32_t k = 0; k < 4; ++k) {
-        const tensor_view & v     = layer_tensor(layers[il], k);
-        const bool          by_kv = k < 2;  // keys and values: one slice; queries: the group's heads
-        for (int64_t i2 = by_kv ? ig : int64_t(ig) * group; !v.empty() && i2 < (by_kv ? ig + 1 : (ig + 1) * group);
-             ++i2) {
+        const bool          by_kv = k < 2;  // keys and values: the head's slice; queries: the group's heads
+        const tensor_view & v     = k == 0 ? h.keys : k == 1 ? h.values : layer_tensor(layers[il], k);
+        const int64_t       first = k < 2 ? h.slice : int64_t(ig) * group;
+        for (int64_t i2 = first; !v.empty() && i2 < (by_kv ? first + 1 : first + group); ++i2) {
             if (!slice_finite(v, i2)) {
                 throw non_finite_error(detail::format("tensor layers.%d.%s holds NaN or infinite values", il, names[k]));
             }

@@ -147,22 +147,23 @@ row_tiles make_tiles(const capture_view & cap, const tensor_view & q, int32_t ig
     return rows;
 }
 
-// acc[t] += causal attention of the given rows on key t.
-void accumulate(const capture_view & cap, int32_t il, int32_t ig, const row_tiles & rows, int32_t n_keys,
+// acc[t] += causal attention of the given rows on key t of the head.
+void accumulate(const head_view & head, int32_t head_dim, const row_tiles & rows, int32_t n_keys,
                 std::vector<double> & acc) {
     std::vector<float> logits(size_t(rows.n_tiles) * n_keys * k_lanes);
-    dot_keys(cap.layers[il].keys, ig, n_keys, rows, cap.head_dim, logits);
+    dot_keys(head.keys, int32_t(head.slice), n_keys, rows, head_dim, logits);
     softmax_accumulate(rows, n_keys, logits, acc);
 }
 
 }  // namespace
 
 void window_attention(const capture_view & cap, int32_t il, int32_t ig, int32_t n_window, std::span<float> out) {
-    const int32_t n_prefix = cap.n_tokens - n_window;
+    const head_view head     = cap.head(il, ig);
+    const int32_t   n_prefix = head.n_tokens - n_window;
     ECOKV_ASSERT(n_window >= 1 && n_window <= cap.n_queries && int32_t(out.size()) == n_prefix);
     const row_tiles rows = make_tiles(cap, cap.layers[il].queries, ig, cap.n_queries - n_window, n_window, n_prefix);
     std::vector<double> acc(static_cast<size_t>(n_prefix), 0.0);
-    accumulate(cap, il, ig, rows, cap.n_tokens, acc);
+    accumulate(head, cap.head_dim, rows, head.n_tokens, acc);
     for (int32_t j = 0; j < n_prefix; ++j) {  // mean over window queries, then over the group's heads
         out[j] = float(acc[j] / rows.n_rows);
     }
@@ -176,7 +177,8 @@ void accumulated_attention(const capture_view & cap, int32_t il, int32_t ig, std
     for (int32_t first = 0; first < cap.n_tokens; first += chunk) {
         const int32_t n = std::min(chunk, cap.n_tokens - first);
         // Keys after the chunk's last query are masked for all its rows.
-        accumulate(cap, il, ig, make_tiles(cap, cap.layers[il].full_queries, ig, first, n, first), first + n, acc);
+        accumulate(cap.head(il, ig), cap.head_dim, make_tiles(cap, cap.layers[il].full_queries, ig, first, n, first),
+                   first + n, acc);
     }
     for (size_t j = 0; j < out.size(); ++j) {
         out[j] = float(acc[j] / g);

@@ -24,8 +24,8 @@ void accumulated_attention(const capture_view & cap, int32_t il, int32_t ig, std
 // (avg_pool1d count_include_pad=True) or max over the in-range neighbours.
 std::vector<double> pool(std::span<const float> x, int32_t kernel, pool_kind kind);
 
-// ||row t of head ig|| for t in [0, n_rows).
-std::vector<double> row_norms(const tensor_view & rows, int32_t ig, int32_t n_rows);
+// ||row t of slice `slice`|| for t in [0, n_rows).
+std::vector<double> row_norms(const tensor_view & rows, int32_t slice, int32_t n_rows);
 
 // Key geometry of one head (SPEC §4), centroids over the first n_centroid tokens (n_tokens or |P|).
 struct key_geometry {
@@ -34,7 +34,7 @@ struct key_geometry {
     double              mean_dist;  // DE: mean of ||k - kbar|| over the centroid tokens
     double              rc;         // (n ||mu||^2 - 1) / (n - 1): mean pairwise cosine of distinct keys
 };
-key_geometry compute_key_geometry(const tensor_view & keys, int32_t ig, int32_t n_centroid, int32_t n_prefix);
+key_geometry compute_key_geometry(const tensor_view & keys, int32_t slice, int32_t n_centroid, int32_t n_prefix);
 
 // SPEC §1 normalisations over P.
 std::vector<double> minmax(std::span<const double> x);   // (x - min) / (max - min + 1e-8)

@@ -6,7 +6,7 @@
 namespace ecokv::scorers {
 namespace {
 std::vector<double> negative_key_norms(const head_input & in) {
-    std::vector<double> n = kernels::row_norms(in.keys(), in.ig, in.n_prefix());
+    std::vector<double> n = kernels::row_norms(in.keys(), int32_t(in.slice()), in.n_prefix());
     for (double & v : n) {
         v = -v;
     }
