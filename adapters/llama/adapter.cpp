@@ -79,7 +79,6 @@ prefill_state::prefill_state(llama_context * ctx, const query_capture & capture,
 prefill_state::~prefill_state() = default;
 
 const capture_view & prefill_state::view() const { return impl_->view; }
-const cache_views &  prefill_state::cache() const { return *impl_->cache; }
 llama_context *      prefill_state::context() const { return impl_->ctx; }
 llama_pos            prefill_state::n_past() const { return impl_->n_past; }
 
@@ -113,7 +112,7 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
         ctx = out.ctx.get();
     }
     // The kept entries stand at the prompt's last position: the next token goes at n_past, as after the prompt.
-    make_ragged(ctx, state.cache(), out.sel, n_extra, state.n_past() - 1);
+    make_ragged(ctx, state.view(), out.sel, n_extra, state.n_past() - 1);
     out.rebuild_seconds = seconds_since(t0);
     return out;
 }

@@ -31,7 +31,7 @@ ggml_tensor * store(const llama_context * ctx, int32_t il, bool v) {
 }
 
 // A [n_kv_heads, n_cells, head_dim] view of rows of n_kv_heads * head_dim elements, one per cell, at `data`.
-tensor_view head_view(const void * data, dtype type, int32_t n_kv, int32_t n_cells, int32_t head_dim, size_t row) {
+tensor_view cell_rows(const void * data, dtype type, int32_t n_kv, int32_t n_cells, int32_t head_dim, size_t row) {
     tensor_view v;
     v.data = data;
     v.type = type;
@@ -40,8 +40,8 @@ tensor_view head_view(const void * data, dtype type, int32_t n_kv, int32_t n_cel
     return v;
 }
 
-// Kept rows of one KV head, in the store's type: the method's rewritten rows (F32) where it has them.
-std::vector<uint8_t> gather(const tensor_view & src, int32_t g, const std::vector<int32_t> & kept,
+// Kept rows of slice g, in the store's type: the method's rewritten rows (F32) where it has them.
+std::vector<uint8_t> gather(const tensor_view & src, int64_t g, const std::vector<int32_t> & kept,
                             const std::vector<float> & rewritten, ggml_type type) {
     const size_t         dim = size_t(src.ne[0]);
     const size_t         row = ggml_row_size(type, int64_t(dim));
@@ -60,7 +60,7 @@ std::vector<uint8_t> gather(const tensor_view & src, int32_t g, const std::vecto
 }
 
 struct fill_job {
-    const cache_views & src;
+    const capture_view & src;
     const selection &   sel;
     uint32_t            n_cells;  // cells per head of the ragged cache: 1 + n_room
     std::string         error;
@@ -72,8 +72,9 @@ bool fill_layer(int32_t il, ggml_tensor * k, ggml_tensor * v, void * user_data) 
         size_t row0 = 0;
         for (size_t g = 0; g < job.sel.layers[il].size(); ++g) {
             const head_selection & h    = job.sel.layers[il][g];
-            const auto             keys = gather(job.src.keys(il), int32_t(g), h.kept, h.keys, k->type);
-            const auto             vals = gather(job.src.values(il), int32_t(g), h.kept, h.values, v->type);
+            const head_view        src  = job.src.head(il, int32_t(g));
+            const auto             keys = gather(src.keys, src.slice, h.kept, h.keys, k->type);
+            const auto             vals = gather(src.values, src.slice, h.kept, h.values, v->type);
             ggml_backend_tensor_set(k, keys.data(), row0 * k->nb[1], keys.size());
             ggml_backend_tensor_set(v, vals.data(), row0 * v->nb[1], vals.size());
             row0 += h.kept.size() + job.n_cells;
@@ -156,7 +157,7 @@ cache_views::cache_views(const llama_context * ctx, int32_t n_cells) {
                 ggml_backend_tensor_get(const_cast<ggml_tensor *>(t), copy.data(), 0, copy.size());
                 data = copy.data();
             }
-            (is_v ? v_ : k_).push_back(head_view(data, type, n_kv, n_cells, int32_t(t->ne[0] / n_kv), row));
+            (is_v ? v_ : k_).push_back(cell_rows(data, type, n_kv, n_cells, int32_t(t->ne[0] / n_kv), row));
         }
     }
 }
@@ -171,10 +172,10 @@ std::vector<uint32_t> ragged_layout(const selection & sel) {
     return n_keep;
 }
 
-void make_ragged(llama_context * ctx, const cache_views & src, const selection & sel, int32_t n_room, llama_pos pos) {
-    if (int32_t(sel.layers.size()) != src.n_layers()) {
-        throw error("the selection has " + std::to_string(sel.layers.size()) + " layers, the cache " +
-                    std::to_string(src.n_layers()));
+void make_ragged(llama_context * ctx, const capture_view & src, const selection & sel, int32_t n_room, llama_pos pos) {
+    if (int32_t(sel.layers.size()) != src.n_layers) {
+        throw error("the selection has " + std::to_string(sel.layers.size()) + " layers, the capture " +
+                    std::to_string(src.n_layers));
     }
     const std::vector<uint32_t> n_keep = ragged_layout(sel);
     fill_job                    job{ src, sel, uint32_t(1 + n_room), {} };

@@ -33,10 +33,11 @@ class cache_views {
     std::vector<std::vector<uint8_t>> owned_;  // copies, where the stores could not be viewed
 };
 
-// Replaces the cache of ctx by a ragged one holding what `sel` keeps of `src` (the rows a merge method rewrote
-// instead of the originals) and room for n_room tokens, the kept entries standing at position pos. `src` may view
-// ctx's own cache: it is read before the old stores are freed. Throws ecokv::error, leaving ctx as it was.
-void make_ragged(llama_context * ctx, const cache_views & src, const selection & sel, int32_t n_room, llama_pos pos);
+// Replaces the cache of ctx by a ragged one holding what `sel` keeps of the keys and values of `src` (the rows a
+// merge method rewrote instead of the originals; per-head token sets too) and room for n_room tokens, the kept
+// entries standing at position pos. `src` may view ctx's own cache: it is read before the old stores are freed.
+// Throws ecokv::error, leaving ctx as it was.
+void make_ragged(llama_context * ctx, const capture_view & src, const selection & sel, int32_t n_room, llama_pos pos);
 
 // The kept entries per (layer, KV head) of a selection, the layout llama_kv_set_ragged takes.
 std::vector<uint32_t> ragged_layout(const selection & sel);

@@ -51,8 +51,6 @@ class query_capture {
     std::unique_ptr<impl> impl_;
 };
 
-class cache_views;
-
 // Sequence 0 of a prefilled context as an ecokv capture: keys and values are views of the cache's own stores
 // (no copy in host memory), queries come from the capture. Cell t is prompt token t (a fresh single-sequence cache
 // fills cells in order). The state must not outlive the context's full cache.
@@ -65,7 +63,6 @@ class prefill_state {
     ~prefill_state();
 
     const capture_view & view() const;
-    const cache_views &  cache() const;
     llama_context *      context() const;
     llama_pos            n_past() const;
 
