@@ -162,6 +162,49 @@ cache_views::cache_views(const llama_context * ctx, int32_t n_cells) {
     }
 }
 
+ragged_candidates::ragged_candidates(const llama_context * ctx, const std::vector<uint32_t> & n_keep, int32_t n_room,
+                                     int32_t n_new) {
+    const llama_model * model   = llama_get_model(ctx);
+    const int32_t       n_layer = llama_model_n_layer(model);
+    n_kv_                       = llama_model_n_head_kv(model);
+    if (llama_kv_layout(ctx) != 2 || n_keep.size() != size_t(n_layer) * n_kv_ || n_new < 0 || n_new > n_room) {
+        throw error("the sequence holds no ragged cache of this layout with " + std::to_string(n_new) + " new tokens");
+    }
+    for (int32_t il = 0; il < n_layer; ++il) {
+        for (const bool is_v : { false, true }) {
+            ggml_tensor * t   = const_cast<ggml_tensor *>(store(ctx, il, is_v));
+            const size_t  row = t->nb[1];  // one head's entry
+            (is_v ? v_row_ : k_row_).push_back(row);
+            (is_v ? v_type_ : k_type_).push_back(cache_dtype(t->type));
+            size_t row0 = 0;  // head g owns rows [row0, row0 + n_keep + 1 + n_room)
+            for (int32_t g = 0; g < n_kv_; ++g) {
+                const size_t keep = n_keep[size_t(il) * n_kv_ + g];
+                auto &       out  = (is_v ? v_ : k_).emplace_back((keep + size_t(n_new)) * row);
+                ggml_backend_tensor_get(t, out.data(), row0 * row, keep * row);
+                ggml_backend_tensor_get(t, out.data() + keep * row, (row0 + keep + 1) * row, size_t(n_new) * row);
+                if (!is_v) {
+                    rows_.push_back(int64_t(keep) + n_new);
+                }
+                row0 += keep + 1 + size_t(n_room);
+            }
+        }
+    }
+}
+
+std::vector<head_tokens> ragged_candidates::heads() const {
+    std::vector<head_tokens> out(rows_.size());
+    for (size_t i = 0; i < rows_.size(); ++i) {
+        const size_t il = i / size_t(n_kv_);
+        for (const bool is_v : { false, true }) {
+            const size_t row  = (is_v ? v_row_ : k_row_)[il];
+            const dtype  type = (is_v ? v_type_ : k_type_)[il];
+            (is_v ? out[i].values : out[i].keys) = cell_rows((is_v ? v_ : k_)[i].data(), type, 1, int32_t(rows_[i]),
+                                                             int32_t(row / dtype_size(type)), row);
+        }
+    }
+    return out;
+}
+
 std::vector<uint32_t> ragged_layout(const selection & sel) {
     std::vector<uint32_t> n_keep;
     for (const auto & layer : sel.layers) {

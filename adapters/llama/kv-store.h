@@ -33,6 +33,23 @@ class cache_views {
     std::vector<std::vector<uint8_t>> owned_;  // copies, where the stores could not be viewed
 };
 
+// The candidates of a ragged cache into whose room n_new tokens were decoded (chunked prefill): for every (layer, KV
+// head), its kept entries then the new tokens' rows (the label row between them left out), copied into buffers of
+// this object, as capture_view::heads. `n_keep` is the cache's layout, n_room the room it was made with.
+class ragged_candidates {
+  public:
+    ragged_candidates(const llama_context * ctx, const std::vector<uint32_t> & n_keep, int32_t n_room, int32_t n_new);
+
+    std::vector<head_tokens> heads() const;  // views of the copies; modality left empty
+
+  private:
+    std::vector<std::vector<uint8_t>> k_, v_;  // [n_layers * n_kv_heads] rows in the store's type
+    std::vector<int64_t>              rows_;   // candidates per head
+    std::vector<size_t>               k_row_, v_row_;  // bytes per row, per layer
+    std::vector<dtype>                k_type_, v_type_;
+    int32_t                           n_kv_ = 0;
+};
+
 // Replaces the cache of ctx by a ragged one holding what `sel` keeps of the keys and values of `src` (the rows a
 // merge method rewrote instead of the originals; per-head token sets too) and room for n_room tokens, the kept
 // entries standing at position pos. `src` may view ctx's own cache: it is read before the old stores are freed.

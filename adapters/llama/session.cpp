@@ -174,6 +174,32 @@ int32_t prompt::cells_before(size_t unit) const { return impl_->cells.at(unit); 
 int32_t prompt::n_media() const { return impl_->n_media; }
 const std::vector<uint8_t> & prompt::modality() const { return impl_->modality; }
 
+namespace {
+
+// The capture header of a chunk: the model's dimensions and, per layer, the last n_new rows `capture` recorded (at
+// most its window) as window queries; keys and values are the caller's (per-head candidates).
+capture_view chunk_capture(const llama_model * model, const query_capture & capture, int32_t n_new) {
+    capture_view cap;
+    cap.n_layers   = llama_model_n_layer(model);
+    cap.n_heads    = llama_model_n_head(model);
+    cap.n_kv_heads = llama_model_n_head_kv(model);
+    for (int32_t il = 0; il < cap.n_layers; ++il) {
+        tensor_view q   = capture.queries(il);
+        const int64_t n = std::min<int64_t>(q.ne[1], n_new);
+        q.data          = q.row(q.ne[1] - n);
+        q.ne[1]         = n;
+        cap.layers.push_back({ {}, {}, q, {} });
+        cap.head_dim  = int32_t(q.ne[0]);
+        cap.n_queries = int32_t(n);
+    }
+    char desc[256] = {};
+    llama_model_desc(model, desc, sizeof desc);
+    cap.model = desc;
+    return cap;
+}
+
+}  // namespace
+
 // ---- session ---------------------------------------------------------------------------------------------------
 
 struct session::impl {
@@ -397,6 +423,10 @@ struct sequence::impl {
     std::vector<uint32_t> layout;       // kept entries per (layer, KV head) of a compressed sequence, else empty
     uint64_t              kv_kept = 0;  // 0: n_cells x bytes per cell
     compression_info      comp;
+    std::vector<std::vector<int32_t>> kept_cells;     // per (layer, KV head): the prompt cells it keeps
+    std::vector<std::vector<uint8_t>> kept_modality;  // and their modality (empty for a text prompt)
+    int32_t                           peak_cells = 0;
+    uint64_t                          peak_bytes = 0;
 
     int32_t              n_prompt = 0, n_media = 0;
     std::vector<uint8_t> modality;
@@ -407,14 +437,18 @@ struct sequence::impl {
     std::vector<float>   origin_logits;
     bool                 origin_own = true;
 
-    // compress_context; NaN from the prefill (weights the pre-flight cannot read) names the model file.
-    compressed_cache compress(const prefill_state & st, const method_spec & spec, const method_params & params,
-                              int32_t n_room, query_capture * observer, bool in_place) const {
+    // f(), with NaN from the prefill (weights the pre-flight cannot read) named by the model file.
+    template <typename F> auto naming_model(F && f) const {
         try {
-            return compress_context(s->model, st, spec, params, n_room, cparams, observer, in_place);
+            return f();
         } catch (const non_finite_error & e) {
             throw error(s->opts.model_path + ": " + e.what());
         }
+    }
+
+    compressed_cache compress(const prefill_state & st, const method_spec & spec, const method_params & params,
+                              int32_t n_room, query_capture * observer, bool in_place) const {
+        return naming_model([&] { return compress_context(s->model, st, spec, params, n_room, cparams, observer, in_place); });
     }
 
     const prefill_state & prefill() const {
@@ -440,7 +474,34 @@ struct sequence::impl {
         logits = origin_logits = full.origin_logits;
         own_logits = origin_own = false;  // the prefill computed them on the full cache
         kv_kept    = cc.sel.kv_bytes_kept;
-        comp       = { std::move(cc.sel), cc.select_seconds, cc.rebuild_seconds };
+        kept_cells.clear();
+        kept_modality.clear();
+        for (const auto & layer : cc.sel.layers) {
+            for (const head_selection & h : layer) {
+                kept_cells.push_back(h.kept);
+                if (!full.modality.empty()) {
+                    auto & m = kept_modality.emplace_back();
+                    for (int32_t c : h.kept) {
+                        m.push_back(full.modality[size_t(c)]);
+                    }
+                }
+            }
+        }
+        comp = { std::move(cc.sel), cc.select_seconds, cc.rebuild_seconds };
+    }
+
+    // KV cells per head as allocated: the usual cache's cells, or a ragged one's longest head with its room.
+    int32_t head_cells() const {
+        if (layout.empty()) {
+            return int32_t(llama::kv_bytes_allocated(ctx.get()) / llama::kv_bytes_per_cell(ctx.get()));
+        }
+        return int32_t(*std::max_element(layout.begin(), layout.end())) + 1 + n_extra;
+    }
+
+    // Records the memory held now, plus `transient` bytes held a moment before together with it.
+    void note_peak(uint64_t transient = 0) {
+        peak_cells = std::max(peak_cells, head_cells());
+        peak_bytes = std::max(peak_bytes, llama::kv_bytes_allocated(ctx.get()) + transient);
     }
 
     // Runs f, which decodes from n_past; when it throws, whatever it decoded is removed again, so that n_past and
@@ -543,7 +604,12 @@ sequence & sequence::operator=(sequence &&) noexcept = default;
 sequence::~sequence()                                = default;
 
 sequence session::prefill(const prompt & p, int32_t n_extra, const method_requirements & needs, size_t n_units) const {
-    n_units               = std::min(n_units, p.units().size());
+    return prefill_units(p, std::min(n_units, p.units().size()), n_extra, 0, needs);
+}
+
+// prefill(), with a logical batch of at least n_batch cells (the chunks decoded later into a smaller context).
+sequence session::prefill_units(const prompt & p, size_t n_units, int32_t n_extra, int32_t n_batch,
+                                const method_requirements & needs) const {
     const int32_t n_cells = p.cells_before(n_units);
     if (n_cells == 0) {
         throw error("the prompt is empty");
@@ -555,6 +621,7 @@ sequence session::prefill(const prompt & p, int32_t n_extra, const method_requir
     auto q     = std::make_unique<sequence::impl>();
     q->s       = impl_.get();
     q->cparams = context_params(impl_->opts, n_cells + n_extra);
+    q->cparams.n_batch = std::max(q->cparams.n_batch, uint32_t(std::min(n_batch, impl_->opts.n_batch)));
     llama_context_params pp = q->cparams;
     if (needs.n_window_queries > 0 || needs.full_queries) {
         // At least 32 window rows, as a capture file must hold (SPEC §7).
@@ -579,7 +646,61 @@ sequence session::prefill(const prompt & p, int32_t n_extra, const method_requir
         q->modality.assign(in.modality.begin(), in.modality.begin() + n_cells);
         q->n_media = int32_t(std::count_if(q->modality.begin(), q->modality.end(), [](uint8_t m) { return m != 0; }));
     }
+    q->note_peak();
     return sequence(std::move(q));
+}
+
+namespace {
+
+// Unit boundaries of chunks of at most n_chunk cells (a unit larger than that, an image, alone); a chunk of fewer
+// than n_window cells joins the next one, the last such the one before.
+std::vector<size_t> chunk_bounds(const prompt & p, int32_t n_chunk, int32_t n_window) {
+    std::vector<size_t> b = { 0 };
+    for (size_t u = 0; u < p.units().size(); ++u) {
+        if (u > b.back() && p.cells_before(u + 1) - p.cells_before(b.back()) > n_chunk) {
+            b.push_back(u);
+        }
+    }
+    b.push_back(p.units().size());
+    auto cells = [&](size_t k) { return p.cells_before(b[k + 1]) - p.cells_before(b[k]); };
+    for (size_t k = 0; k + 1 < b.size() && b.size() > 2;) {
+        if (cells(k) >= n_window) {
+            ++k;
+        } else {
+            b.erase(b.begin() + ptrdiff_t(k + 2 < b.size() ? k + 1 : k));  // into the next, or the last into the one before
+        }
+    }
+    return b;
+}
+
+}  // namespace
+
+sequence session::prefill_chunked(const prompt & p, int32_t n_chunk, const method_spec & spec,
+                                  const method_params & params, int32_t n_extra) const {
+    const method_requirements needs    = requirements(spec, params);
+    const int32_t             n_window = method_window(spec, params);
+    if (needs.full_queries) {
+        throw error(spec.name() + " needs the queries of every prompt token, which a chunked prefill does not keep");
+    }
+    if (n_chunk < n_window) {
+        throw error("--chunk " + std::to_string(n_chunk) + " must be at least the window of " + std::to_string(n_window));
+    }
+    if (int64_t(p.n_cells()) + n_extra > n_ctx_train()) {
+        throw error("prompt of " + std::to_string(p.n_cells()) + " tokens plus " + std::to_string(n_extra) +
+                    " new ones exceeds the model's context of " + std::to_string(n_ctx_train()));
+    }
+    const std::vector<size_t> b = chunk_bounds(p, n_chunk, n_window);
+    int32_t                   room = 0;  // the largest chunk after the first
+    for (size_t k = 1; k + 1 < b.size(); ++k) {
+        room = std::max(room, p.cells_before(b[k + 1]) - p.cells_before(b[k]));
+    }
+    sequence seq = prefill_units(p, b[1], 0, room, needs);
+    seq.impl_->n_extra = b.size() > 2 ? room : n_extra;
+    seq.compress_in_place(spec, params);
+    for (size_t k = 1; k + 1 < b.size(); ++k) {
+        seq.extend(p, b[k], b[k + 1], spec, params, k + 2 < b.size() ? room : n_extra);
+    }
+    return seq;
 }
 
 sequence session::resume(const snapshot & s, int32_t n_extra, bool probe) const {
@@ -648,13 +769,93 @@ sequence sequence::compress(const method_spec & spec, const method_params & para
     q->modality  = impl_->modality;
     q->prefill_s = impl_->prefill_s;
     q->become_compressed(*impl_, std::move(cc));
+    q->peak_cells = impl_->peak_cells;
+    q->peak_bytes = impl_->peak_bytes;
+    q->note_peak(kv_bytes_allocated());  // this sequence's cache stays beside the new one
     return sequence(std::move(q));
 }
 
 void sequence::compress_in_place(const method_spec & spec, const method_params & params) {
     check_window(spec, params);
-    compressed_cache cc = impl_->compress(impl_->prefill(), spec, params, impl_->n_extra, nullptr, true);
+    const uint64_t   before = kv_bytes_allocated();
+    compressed_cache cc     = impl_->compress(impl_->prefill(), spec, params, impl_->n_extra, nullptr, true);
     impl_->become_compressed(*impl_, std::move(cc));
+    impl_->note_peak(before);  // the full cache and the kept entries, while these were written
+}
+
+const std::vector<std::vector<int32_t>> & sequence::kept_cells() const { return impl_->kept_cells; }
+int32_t                                   sequence::peak_kv_cells() const { return impl_->peak_cells; }
+uint64_t                                  sequence::peak_kv_bytes() const { return impl_->peak_bytes; }
+
+void sequence::extend(const prompt & p, size_t from, size_t to, const method_spec & spec, const method_params & params,
+                      int32_t n_room) {
+    impl & q = *impl_;
+    if (q.layout.empty() || !q.capture || q.n_past != q.origin_n_past) {
+        throw error("extend: the sequence is not a compressed one of a chunked prefill, or decoded since");
+    }
+    const int32_t first = p.cells_before(from), n_new = p.cells_before(to) - first;
+    const int32_t n_window = method_window(spec, params);
+    if (n_new > q.n_extra || n_new < n_window) {
+        throw error("extend: " + std::to_string(n_new) + " new cells must fit the room of " + std::to_string(q.n_extra) +
+                    " and number at least the window of " + std::to_string(n_window));
+    }
+    q.capture->set_active(true);
+    try {
+        q.eval(*p.impl_, from, to);
+    } catch (...) {
+        q.capture->set_active(false);
+        throw;
+    }
+    q.capture->set_active(false);
+    q.note_peak();
+
+    // The candidates: each head's kept cells, then the new ones, whose last queries are the window.
+    const ragged_candidates cand(q.ctx.get(), q.layout, q.n_extra, n_new);
+    capture_view            cap = chunk_capture(q.s->model, *q.capture, n_new);
+    cap.heads                   = cand.heads();
+    cap.head_dim_v              = int32_t(cap.heads[0].values.ne[0]);
+    for (size_t i = 0; i < cap.heads.size(); ++i) {
+        for (int32_t c = 0; c < n_new; ++c) {
+            q.kept_cells[i].push_back(first + c);
+        }
+        if (!p.modality().empty()) {
+            std::vector<uint8_t> & m = q.kept_modality[i];
+            m.insert(m.end(), p.modality().begin() + first, p.modality().begin() + first + n_new);
+            cap.heads[i].modality = m;
+        }
+        cap.n_tokens = std::max(cap.n_tokens, int32_t(q.kept_cells[i].size()));
+    }
+    compression_info info;
+    auto             t0 = std::chrono::steady_clock::now();
+    info.sel            = q.naming_model([&] { return ecokv::compress(cap, spec, params); });
+    info.select_seconds = seconds_since(t0);
+    t0                  = std::chrono::steady_clock::now();
+    const uint64_t before = kv_bytes_allocated();
+    make_ragged(q.ctx.get(), cap, info.sel, n_room, q.n_past - 1);
+    info.rebuild_seconds = seconds_since(t0);
+
+    q.n_extra = n_room;
+    q.layout  = ragged_layout(info.sel);
+    q.n_cells = int32_t(*std::max_element(q.layout.begin(), q.layout.end()));
+    q.kv_kept = info.sel.kv_bytes_kept;
+    for (size_t i = 0; i < q.kept_cells.size(); ++i) {
+        const auto & kept = info.sel.layers[i / cap.n_kv_heads][i % cap.n_kv_heads].kept;
+        for (size_t j = 0; j < kept.size(); ++j) {
+            q.kept_cells[i][j] = q.kept_cells[i][size_t(kept[j])];  // kept is ascending: j <= kept[j]
+            if (!q.kept_modality.empty()) {
+                q.kept_modality[i][j] = q.kept_modality[i][size_t(kept[j])];
+            }
+        }
+        q.kept_cells[i].resize(kept.size());
+        if (!q.kept_modality.empty()) {
+            q.kept_modality[i].resize(kept.size());
+        }
+    }
+    q.origin_n_past = q.n_past;
+    q.origin_logits = q.logits;
+    q.own_logits = q.origin_own = false;  // computed before this compression
+    q.comp                      = std::move(info);
+    q.note_peak(before);
 }
 
 void sequence::decode(const std::vector<llama_token> & tokens) { impl_->decode(tokens); }

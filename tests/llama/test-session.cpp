@@ -118,6 +118,98 @@ TEST(session, compression_masks_what_was_evicted) {
     EXPECT_GT(rel_diff(small.logits(), reference_logits(f.m, next, text_positions(41))), 3 * logit_rel_tolerance);
 }
 
+// Chunked prefill, one chunk at a time: after each chunk, the logits are the reference's where every query of the
+// chunk sees, per (layer, KV head), what that head kept after the chunk before plus the chunk itself; decoding after
+// the last chunk sees what the last compression kept. For a uniform and two ragged allocators.
+TEST(session, chunked_prefill_attends_to_what_each_chunk_kept) {
+    const fixture f;
+    const auto    tokens = prompt_tokens(100, f.m.config().n_vocab, 21);
+    const auto    p      = f.s.make_prompt(tokens);
+    for (const char * name : { "snapkv+ecokv", "adakv+ecokv", "pyramidkv+knorm" }) {
+        const ecokv::method_spec   spec = ecokv::parse_method(name);
+        const ecokv::method_params par  = budget(20, 4);
+        // chunks [0, 30) [30, 60) [60, 100): 40 cells of room
+        el::sequence seq = f.s.prefill(p, 40, ecokv::requirements(spec, par), 30);
+        seq.compress_in_place(spec, par);
+        std::vector<std::vector<std::vector<int32_t>>> kept = { seq.kept_cells() };  // after each chunk
+        const std::vector<int32_t>                     ends = { 30, 60, 100 };
+        for (size_t k = 1; k < ends.size(); ++k) {
+            seq.extend(p, size_t(ends[k - 1]), size_t(ends[k]), spec, par, k + 1 < ends.size() ? 40 : 8);
+            auto see = [&](int32_t il, int32_t g, int32_t qi, int32_t kj) {
+                size_t c = 0;  // the chunk of query qi
+                while (qi >= ends[c]) {
+                    ++c;
+                }
+                if (c == 0 || kj >= ends[c - 1]) {
+                    return true;
+                }
+                const auto & h = kept[c - 1][size_t(il) * 2 + g];
+                return std::binary_search(h.begin(), h.end(), kj);
+            };
+            const std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + ends[k]);
+            EXPECT_LT(rel_diff(seq.logits(), reference_logits(f.m, prefix, text_positions(ends[k]), see)),
+                      logit_rel_tolerance)
+                << name << " chunk " << k;
+            EXPECT_GT(rel_diff(seq.logits(), reference_logits(f.m, prefix, text_positions(ends[k]))),
+                      3 * logit_rel_tolerance)
+                << name << " chunk " << k << ": the evictions should show";
+            kept.push_back(seq.kept_cells());
+        }
+        for (const auto & h : kept.back()) {
+            EXPECT_TRUE(std::is_sorted(h.begin(), h.end()));
+            EXPECT_LE(h.size(), 20u + 16);  // the allocators move budget between heads
+            EXPECT_EQ(h.back(), 99);        // the window: the last chunk's last 4 cells
+        }
+        // Decoding after the last chunk sees its kept cells.
+        auto final_see = [&](int32_t il, int32_t g, int32_t qi, int32_t kj) {
+            if (qi < 100) {
+                size_t c = 0;
+                while (qi >= ends[c]) {
+                    ++c;
+                }
+                if (c == 0 || kj >= ends[c - 1]) {
+                    return true;
+                }
+                const auto & h = kept[c - 1][size_t(il) * 2 + g];
+                return std::binary_search(h.begin(), h.end(), kj);
+            }
+            const auto & h = kept.back()[size_t(il) * 2 + g];
+            return kj >= 100 || std::binary_search(h.begin(), h.end(), kj);
+        };
+        auto next = tokens;
+        next.push_back(9);
+        seq.decode({ 9 });
+        EXPECT_LT(rel_diff(seq.logits(), reference_logits(f.m, next, text_positions(101), final_see)),
+                  logit_rel_tolerance)
+            << name;
+    }
+}
+
+// prefill_chunked() is those steps; its KV cache peaks at llama.cpp's smallest (256 cells) where one shot allocates
+// the whole prompt's (1000 tokens and 4 new ones, in cells padded to 256: 1024).
+TEST(session, chunked_prefill_bounds_the_peak) {
+    const fixture              f;
+    const auto                 tokens = prompt_tokens(1000, f.m.config().n_vocab, 22);
+    const auto                 p      = f.s.make_prompt(tokens);
+    const ecokv::method_spec   spec   = ecokv::parse_method("snapkv");
+    const ecokv::method_params par    = budget(32, 8);
+    el::sequence               chunked = f.s.prefill_chunked(p, 64, spec, par, 4);
+    el::sequence               one     = f.s.prefill(p, 4, ecokv::requirements(spec, par));
+    one.compress_in_place(spec, par);
+    EXPECT_EQ(one.peak_kv_cells(), 1024);
+    EXPECT_EQ(chunked.peak_kv_cells(), 256);
+    // A cell of every head is 256 bytes (see above): one shot holds the full cache and the kept entries (32 + 1 + 4
+    // rows of 64 bytes per head, 4 heads) together for a moment; chunked, the first chunk's context and the
+    // first ragged cache (32 + 1 + 64 rows).
+    EXPECT_EQ(one.peak_kv_bytes(), 1024u * 256 + 4u * 37 * 64);
+    EXPECT_EQ(chunked.peak_kv_bytes(), 256u * 256 + 4u * 97 * 64);
+    EXPECT_EQ(chunked.n_past(), 1000);
+    for (const auto & h : chunked.kept_cells()) {
+        EXPECT_EQ(h.size(), 32u);
+        EXPECT_EQ(h.back(), 999);
+    }
+}
+
 TEST(session, snapshots_restore_in_place_and_resume_elsewhere) {
     const fixture      f;
     const auto         tokens = prompt_tokens(30, f.m.config().n_vocab, 5);

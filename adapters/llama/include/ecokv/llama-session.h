@@ -165,8 +165,19 @@ class session {
     // A new sequence holding `s`, with room for n_extra more tokens.
     sequence resume(const snapshot & s, int32_t n_extra, bool probe = false) const;
 
+    // Prefills `p` chunk by chunk so that no KV head ever holds more than the budget plus one chunk (and llama.cpp's
+    // padding): chunks of at most n_chunk cells (an image is never split; a chunk shorter than the method's window
+    // joins the one before), the first prefilled and compressed in place, every next one decoded into the room of the
+    // compressed cache and the cache compressed again over what each head keeps and the chunk (sequence::extend()).
+    // Positions are the prompt's own. Room is left for n_extra new tokens. Throws ecokv::error for a chunk smaller
+    // than the window, or a method that needs every prompt query (h2o).
+    sequence prefill_chunked(const prompt & p, int32_t n_chunk, const method_spec & spec, const method_params & params,
+                             int32_t n_extra) const;
+
   private:
     friend class sequence;
+    sequence prefill_units(const prompt & p, size_t n_units, int32_t n_extra, int32_t n_batch,
+                           const method_requirements & needs) const;
     struct impl;
     std::unique_ptr<impl> impl_;
 };
@@ -205,6 +216,18 @@ class sequence {
     // is freed as soon as the kept entries are written, so memory peaks at the full cache plus the kept entries.
     void     compress_in_place(const method_spec & spec, const method_params & params);
     const compression_info & compression() const;  // empty selection for an uncompressed sequence
+    // Chunked prefill: decodes units [from, to) of `p` into the room of this compressed sequence (made by
+    // compress_in_place or extend, nothing decoded since) with their queries captured, then compresses in place again
+    // over what each KV head keeps and the new cells, whose last queries are the window, leaving room for n_room
+    // tokens. The new cells must fit the room and number at least the window.
+    void extend(const prompt & p, size_t from, size_t to, const method_spec & spec, const method_params & params,
+                int32_t n_room);
+    // The prompt cells each (layer, KV head) of a compressed sequence keeps, ascending; empty when uncompressed.
+    const std::vector<std::vector<int32_t>> & kept_cells() const;
+    // Since the prefill: the most KV cells any head had allocated at once (llama.cpp's padding included) and the most
+    // KV bytes allocated at once (an in-place compression holds the old and new stores together for a moment).
+    int32_t  peak_kv_cells() const;
+    uint64_t peak_kv_bytes() const;
 
     // Decodes tokens at n_past. Here and below, a decode that throws (context full, ...) leaves the sequence as it
     // was before the call.
