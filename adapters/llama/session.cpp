@@ -525,7 +525,9 @@ struct sequence::impl {
     }
 
     // Decodes units [from, to) of `in` at n_past: text tokens in batches, images encoded and decoded by libmtmd.
-    void eval(const prompt::impl & in, size_t from, size_t to) {
+    // Units ending with an image leave no logits (libmtmd computes none): an error unless `may_end_with_image`
+    // (a chunk of a chunked prefill, whose logits nobody reads).
+    void eval(const prompt::impl & in, size_t from, size_t to, bool may_end_with_image = false) {
         if (!in.chunks) {
             decode(std::vector<llama_token>(in.tokens.begin() + ptrdiff_t(from), in.tokens.begin() + ptrdiff_t(to)));
             return;
@@ -562,7 +564,7 @@ struct sequence::impl {
                 n_past     = next;
                 image_last = true;
             }
-            if (image_last) {  // libmtmd computes no logits for image embeddings: this throws
+            if (image_last && !may_end_with_image) {  // libmtmd computes no logits for image embeddings: this throws
                 logits     = last_logits(ctx.get());
                 own_logits = true;
             }
@@ -632,7 +634,7 @@ sequence session::prefill_units(const prompt & p, size_t n_units, int32_t n_extr
 
     const auto           t0 = std::chrono::steady_clock::now();
     const prompt::impl & in = *p.impl_;
-    q->eval(in, 0, n_units);
+    q->eval(in, 0, n_units, n_units < p.units().size());
     q->prefill_s = seconds_since(t0);
     if (q->capture) {
         q->capture->set_active(false);
@@ -652,7 +654,7 @@ sequence session::prefill_units(const prompt & p, size_t n_units, int32_t n_extr
 
 namespace {
 
-// Unit boundaries of chunks of at most n_chunk cells (a unit larger than that, an image, alone); a chunk of fewer
+// Unit boundaries of chunks of at most n_chunk cells (a unit larger than that, an image, alone); a chunk of no more
 // than n_window cells joins the next one, the last such the one before.
 std::vector<size_t> chunk_bounds(const prompt & p, int32_t n_chunk, int32_t n_window) {
     std::vector<size_t> b = { 0 };
@@ -664,7 +666,7 @@ std::vector<size_t> chunk_bounds(const prompt & p, int32_t n_chunk, int32_t n_wi
     b.push_back(p.units().size());
     auto cells = [&](size_t k) { return p.cells_before(b[k + 1]) - p.cells_before(b[k]); };
     for (size_t k = 0; k + 1 < b.size() && b.size() > 2;) {
-        if (cells(k) >= n_window) {
+        if (cells(k) > n_window) {
             ++k;
         } else {
             b.erase(b.begin() + ptrdiff_t(k + 2 < b.size() ? k + 1 : k));  // into the next, or the last into the one before
@@ -682,8 +684,9 @@ sequence session::prefill_chunked(const prompt & p, int32_t n_chunk, const metho
     if (needs.full_queries) {
         throw error(spec.name() + " needs the queries of every prompt token, which a chunked prefill does not keep");
     }
-    if (n_chunk < n_window) {
-        throw error("--chunk " + std::to_string(n_chunk) + " must be at least the window of " + std::to_string(n_window));
+    if (n_chunk <= n_window) {
+        throw error("--chunk " + std::to_string(n_chunk) + " must be larger than the window of " +
+                    std::to_string(n_window));
     }
     if (int64_t(p.n_cells()) + n_extra > n_ctx_train()) {
         throw error("prompt of " + std::to_string(p.n_cells()) + " tokens plus " + std::to_string(n_extra) +
@@ -795,13 +798,13 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
     }
     const int32_t first = p.cells_before(from), n_new = p.cells_before(to) - first;
     const int32_t n_window = method_window(spec, params);
-    if (n_new > q.n_extra || n_new < n_window) {
+    if (n_new > q.n_extra || n_new <= n_window) {
         throw error("extend: " + std::to_string(n_new) + " new cells must fit the room of " + std::to_string(q.n_extra) +
-                    " and number at least the window of " + std::to_string(n_window));
+                    " and outnumber the window of " + std::to_string(n_window));
     }
     q.capture->set_active(true);
     try {
-        q.eval(*p.impl_, from, to);
+        q.eval(*p.impl_, from, to, to < p.units().size());
     } catch (...) {
         q.capture->set_active(false);
         throw;

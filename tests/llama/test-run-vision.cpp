@@ -57,6 +57,17 @@ void check_vision_run(const vision_fixture & f, int32_t image_tokens) {
         EXPECT_LT(small["kv_bytes_kept"].get<uint64_t>(), full["kv_bytes_kept"].get<uint64_t>()) << method;
         EXPECT_GE(small["mean_kl"].get<double>(), 0.0) << method;
     }
+    // Chunked (4 cells: the text before the image joins it, an image is never split, the text after is its own
+    // chunk): a covering budget answers as the full cache, with the image's positions (M-RoPE) kept; a small one
+    // compresses after every chunk.
+    const json chunked = f.run_json({ "-p", prompt + " and more words to make a chunk", "-m", "snapkv+ecokv", "-b",
+                                      "1024", "--window", "2", "-n", "8", "--chunk", "4", "--compare-full" });
+    EXPECT_EQ(chunked["answers"][0]["text"], chunked["answers"][0]["full_text"]);
+    EXPECT_LT(chunked["mean_kl"].get<double>(), 1e-6);
+    const json chunked_small = f.run_json({ "-p", prompt + " and more words to make a chunk", "-m", "adakv+ecokv", "-b",
+                                            "8", "--window", "2", "-n", "8", "--chunk", "4", "--compare-full" });
+    EXPECT_LE(chunked_small["cells_per_head"].get<int>(), 8 + 6);
+    EXPECT_GE(chunked_small["mean_kl"].get<double>(), 0.0);
     // Question-agnostic: the image is compressed before any question is seen.
     const json q = f.run_json({ "-p", "<__media__> a picture", "--question", "what is it", "--question", "which colour",
                                 "-m", "snapkv+ecokv", "-b", "10", "--window", "2", "-n", "6" });

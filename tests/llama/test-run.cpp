@@ -51,6 +51,26 @@ TEST(run, budget_64_on_a_400_token_story_reports_agreement_and_kl) {
     }
 }
 
+// --chunk: a budget covering the prompt still reproduces the full cache; a small one holds at most llama.cpp's smallest
+// cache (256 cells) where one shot allocates the story's (its tokens and the 32 new ones, padded to 256 cells), and
+// the kept entries are the same count.
+TEST(run, a_chunked_prefill_bounds_the_peak) {
+    temp_dir   dir;
+    const json cover = run_json(dir, { "-f", k_prompt, "-m", "snapkv+ecokv", "-b", "1024", "-n", "16", "--chunk", "64",
+                                       "--compare-full" });
+    EXPECT_EQ(cover["answers"][0]["text"], cover["answers"][0]["full_text"]);
+    EXPECT_LT(cover["mean_kl"].get<double>(), 1e-6);
+    const json one     = run_json(dir, { "-f", k_prompt, "-m", "snapkv", "-b", "64", "-n", "32" });
+    const json chunked = run_json(dir, { "-f", k_prompt, "-m", "snapkv", "-b", "64", "-n", "32", "--chunk", "96" });
+    const int  n       = one["prompt_tokens"].get<int>();
+    EXPECT_EQ(chunked["prompt_tokens"].get<int>(), n);
+    EXPECT_EQ(one["peak_kv_cells"].get<int>(), (n + 32 + 255) / 256 * 256);
+    EXPECT_EQ(chunked["peak_kv_cells"].get<int>(), 256);
+    EXPECT_LT(chunked["peak_kv_bytes"].get<uint64_t>(), one["peak_kv_bytes"].get<uint64_t>());
+    EXPECT_EQ(chunked["kv_bytes_kept"], one["kv_bytes_kept"]);
+    EXPECT_EQ(chunked["chunk"].get<int>(), 96);
+}
+
 TEST(run, questions_are_answered_from_one_compressed_cache) {
     temp_dir    dir;
     const std::string story = read_file(k_prompt);
@@ -116,6 +136,13 @@ TEST(run, bad_input_gives_a_clear_error) {
         { { "run", "--model", k_model, "-p", "", "-m", "ecokv" },
           "the prompt has 1 token; uniform+ecokv needs more than its observation window of 4" },
         { { "run", "--model", k_model, "-p", "hi", "-n", "0" }, "-n 0 must lie in [1, 1000000]" },
+        { { "run", "--model", k_model, "-f", k_prompt, "--chunk", "-1" }, "--chunk -1 must lie in [0, 16777216]" },
+        { { "run", "--model", k_model, "-f", k_prompt, "--chunk", "16", "-m", "snapkv" },
+          "--chunk 16 must be larger than the window of 32" },
+        { { "run", "--model", k_model, "-f", k_prompt, "--chunk", "64", "-m", "h2o" },
+          "uniform+h2o needs the queries of every prompt token, which a chunked prefill does not keep" },
+        { { "run", "--model", k_model, "-f", k_prompt, "--chunk", "64", "--dump-capture", dir / "c.st" },
+          "--dump-capture writes the capture of a one-shot prefill" },
     };
     for (const auto & [args, message] : cases) {
         const run_result r = run_cli(dir.path().string(), args);

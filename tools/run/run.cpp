@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +29,7 @@ struct run_options {
     ecokv::method_spec       spec;
     ecokv::method_params     params;
     int32_t                  n_predict    = 32;
+    int32_t                  chunk        = 0;  // cells per chunk of a chunked prefill; 0: one shot
     bool                     compare_full = false;
     bool                     json         = false;
     std::string              dump_capture;
@@ -71,6 +73,8 @@ bool parse(int argc, char ** argv, run_options & o) {
         ("n,n-predict", "tokens to generate", cxxopts::value<int32_t>()->default_value("32"))
         ("compare-full", "also decode with the full cache: greedy agreement and mean KL")
         ("dump-capture", "write the prefill capture (SPEC §7) to this file", cxxopts::value<std::string>())
+        ("chunk", "prefill N cells at a time, compressing after each chunk: the KV cache never holds more than the "
+            "budget plus one chunk per head (0: the whole prompt, then compress)", cxxopts::value<int32_t>()->default_value("0"))
         ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
         ("json", "print one JSON object")
         ("verbose", "show llama.cpp's log")
@@ -106,6 +110,10 @@ bool parse(int argc, char ** argv, run_options & o) {
     o.compare_full = o.compare_full || args.count("compare-full") > 0;
     o.json         = args.count("json") > 0;
     o.dump_capture = args.count("dump-capture") ? args["dump-capture"].as<std::string>() : "";
+    o.chunk        = ecokv::tools::int_in_range(args, "chunk", 0, 1 << 24);
+    if (o.chunk > 0 && !o.dump_capture.empty()) {
+        throw error("--dump-capture writes the capture of a one-shot prefill; a chunked prefill (--chunk) has none");
+    }
     el::set_verbose(args.count("verbose") > 0);
 
     // Without --model: the bundled tiny VLM and its projector (models/tiny-vlm.md).
@@ -166,26 +174,38 @@ json run(const run_options & o) {
     }
     const int32_t n_extra = o.n_predict + n_question_max;
 
-    // The full cache lives on only when --compare-full needs it; otherwise it is compressed in place, freed as the
-    // kept entries are written.
-    std::optional<el::sequence> full(s.prefill(s.make_prompt(parts.context, o.images), n_extra,
-                                               ecokv::requirements(o.spec, o.params)));
-    if (!o.dump_capture.empty()) {
-        ecokv::write_capture(o.dump_capture, full->capture());
-    }
-    json out = { { "model", s.description() },                    { "budget", o.params.budget },
-                 { "prompt_tokens", full->n_prompt() },           { "image_tokens", full->n_media() },
-                 { "kv_bytes_full", full->kv_bytes_allocated() }, { "kv_bytes_prompt", full->kv_bytes_kept() },
-                 { "prefill_s", full->prefill_seconds() },        { "room_tokens", n_extra } };
-    std::optional<el::sequence> compressed;
-    if (o.compare_full) {
-        compressed.emplace(full->compress(o.spec, o.params, n_extra));
-        full->release_capture();
+    const el::prompt            p = s.make_prompt(parts.context, o.images);
+    std::optional<el::sequence> full, compressed;
+    json                        out = { { "model", s.description() }, { "budget", o.params.budget },
+                                        { "room_tokens", n_extra },   { "chunk", o.chunk } };
+    if (o.chunk > 0) {  // the full cache is never made, unless --compare-full asks for it as the reference
+        const auto t0 = std::chrono::steady_clock::now();
+        compressed.emplace(s.prefill_chunked(p, o.chunk, o.spec, o.params, n_extra));
+        out["prefill_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (o.compare_full) {
+            full.emplace(s.prefill(p, n_extra, {}));
+        }
     } else {
-        full->compress_in_place(o.spec, o.params);
-        compressed.emplace(std::move(*full));
-        full.reset();
+        // The full cache lives on only when --compare-full needs it; otherwise it is compressed in place, freed as the
+        // kept entries are written.
+        full.emplace(s.prefill(p, n_extra, ecokv::requirements(o.spec, o.params)));
+        if (!o.dump_capture.empty()) {
+            ecokv::write_capture(o.dump_capture, full->capture());
+        }
+        out["kv_bytes_full"] = full->kv_bytes_allocated();
+        out["prefill_s"]     = full->prefill_seconds();
+        if (o.compare_full) {
+            compressed.emplace(full->compress(o.spec, o.params, n_extra));
+            full->release_capture();
+        } else {
+            full->compress_in_place(o.spec, o.params);
+            compressed.emplace(std::move(*full));
+            full.reset();
+        }
     }
+    out["prompt_tokens"]   = p.n_cells();
+    out["image_tokens"]    = p.n_media();
+    out["kv_bytes_prompt"] = uint64_t(p.n_cells()) * compressed->kv_bytes_per_cell();
     el::sequence & comp        = *compressed;
     const auto &   ci          = comp.compression();
     out["method"]              = ci.sel.method;
@@ -193,6 +213,8 @@ json run(const run_options & o) {
     out["kv_bytes_compressed"] = comp.kv_bytes_allocated();
     out["kv_bytes_kept"]       = comp.kv_bytes_kept();
     out["cells_per_head"]      = comp.n_cells();
+    out["peak_kv_cells"]       = comp.peak_kv_cells();
+    out["peak_kv_bytes"]       = comp.peak_kv_bytes();
     out["compress_s"]          = ci.select_seconds + ci.rebuild_seconds;
     out["select_s"]            = ci.select_seconds;
     out["rebuild_s"]           = ci.rebuild_seconds;
@@ -242,9 +264,17 @@ void print_text(const json & out) {
     // compressed cache holds the kept entries plus room for the question and the answer.
     std::printf("kv cache  prompt entries %.3f MiB -> kept %.3f MiB (%.0f%% saved)\n", kv_prompt / mib, kv_kept / mib,
                 100.0 * (1.0 - double(kv_kept) / double(std::max<uint64_t>(1, kv_prompt))));
-    std::printf("allocated full %.3f MiB -> compressed %.3f MiB (longest head %d entries, room for %d new tokens)\n",
-                out["kv_bytes_full"].get<uint64_t>() / mib, out["kv_bytes_compressed"].get<uint64_t>() / mib,
-                out["cells_per_head"].get<int>(), out["room_tokens"].get<int>());
+    if (out["chunk"].get<int>() == 0) {
+        std::printf("allocated full %.3f MiB -> compressed %.3f MiB (longest head %d entries, room for %d new tokens)\n",
+                    out["kv_bytes_full"].get<uint64_t>() / mib, out["kv_bytes_compressed"].get<uint64_t>() / mib,
+                    out["cells_per_head"].get<int>(), out["room_tokens"].get<int>());
+    } else {
+        std::printf("allocated chunks of %d cells -> compressed %.3f MiB (longest head %d entries, room for %d new tokens)\n",
+                    out["chunk"].get<int>(), out["kv_bytes_compressed"].get<uint64_t>() / mib,
+                    out["cells_per_head"].get<int>(), out["room_tokens"].get<int>());
+    }
+    std::printf("peak      %.3f MiB of KV cache, %d cells in one head at most\n",
+                out["peak_kv_bytes"].get<uint64_t>() / mib, out["peak_kv_cells"].get<int>());
     std::printf("time      prefill %.3f s, compress %.4f s (select %.4f, rebuild %.4f), decode %.3f s (%.1f tok/s)\n",
                 out["prefill_s"].get<double>(), out["compress_s"].get<double>(), out["select_s"].get<double>(),
                 out["rebuild_s"].get<double>(), out["decode_s"].get<double>(), out["decode_tokens_per_s"].get<double>());

@@ -166,10 +166,10 @@ class session {
     sequence resume(const snapshot & s, int32_t n_extra, bool probe = false) const;
 
     // Prefills `p` chunk by chunk so that no KV head ever holds more than the budget plus one chunk (and llama.cpp's
-    // padding): chunks of at most n_chunk cells (an image is never split; a chunk shorter than the method's window
-    // joins the one before), the first prefilled and compressed in place, every next one decoded into the room of the
+    // padding): chunks of at most n_chunk cells (an image is never split; a chunk not longer than the method's
+    // window joins the next one, or the last the one before), the first prefilled and compressed in place, every next one decoded into the room of the
     // compressed cache and the cache compressed again over what each head keeps and the chunk (sequence::extend()).
-    // Positions are the prompt's own. Room is left for n_extra new tokens. Throws ecokv::error for a chunk smaller
+    // Positions are the prompt's own. Room is left for n_extra new tokens. Throws ecokv::error for a chunk not larger
     // than the window, or a method that needs every prompt query (h2o).
     sequence prefill_chunked(const prompt & p, int32_t n_chunk, const method_spec & spec, const method_params & params,
                              int32_t n_extra) const;
@@ -219,7 +219,7 @@ class sequence {
     // Chunked prefill: decodes units [from, to) of `p` into the room of this compressed sequence (made by
     // compress_in_place or extend, nothing decoded since) with their queries captured, then compresses in place again
     // over what each KV head keeps and the new cells, whose last queries are the window, leaving room for n_room
-    // tokens. The new cells must fit the room and number at least the window.
+    // tokens. The new cells must fit the room and outnumber the window.
     void extend(const prompt & p, size_t from, size_t to, const method_spec & spec, const method_params & params,
                 int32_t n_room);
     // The prompt cells each (layer, KV head) of a compressed sequence keeps, ascending; empty when uncompressed.
