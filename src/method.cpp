@@ -64,6 +64,17 @@ method_requirements requirements(const method_spec & spec, const method_params &
              (a.inputs & input_head_scores) != 0 };
 }
 
+void check_chunk(const method_spec & spec, const method_params & params, int32_t n_chunk) {
+    const method_requirements needs = requirements(spec, params);
+    if (needs.full_queries) {
+        ECOKV_THROW("%s needs the queries of every prompt token, which a chunked prefill does not keep",
+                    spec.name().c_str());
+    }
+    if (n_chunk <= needs.n_window_queries) {
+        ECOKV_THROW("--chunk %d must be larger than the window of %d", n_chunk, needs.n_window_queries);
+    }
+}
+
 void method_params::validate(int32_t n_window) const {
     if (n_window < 1) {
         ECOKV_THROW("--window %d must be at least 1", n_window);

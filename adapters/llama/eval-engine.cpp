@@ -1,5 +1,6 @@
 // The llama.cpp engine of the evaluation runner: one prefill per item, the full cache's answer as the reference,
-// every compression from the same prefill, fidelity teacher-forced on the reference.
+// every compression from the same prefill (or, chunked, from its own chunked prefill), fidelity teacher-forced on the
+// reference.
 #include "ecokv/llama-eval.h"
 
 #include <optional>
@@ -10,11 +11,12 @@ namespace {
 
 class llama_engine final : public eval_engine {
   public:
-    explicit llama_engine(const session & s) : s_(s) {}
+    llama_engine(const session & s, int32_t n_chunk) : s_(s), n_chunk_(n_chunk) {}
 
     eval_prefill prefill(const eval_item & item, eval_mode mode, int32_t n_predict,
                          const method_requirements & needs) override {
         full_.reset();
+        prompt_.reset();
         const std::string context = with_media_markers(item.context, item.images.size());
         prompt_parts      parts;
         question_.clear();
@@ -26,7 +28,8 @@ class llama_engine final : public eval_engine {
         }
         n_predict_ = n_predict;
         n_extra_   = n_predict + int32_t(question_.size());
-        full_.emplace(s_.prefill(s_.make_prompt(parts.context, item.images), n_extra_, needs));
+        prompt_.emplace(s_.make_prompt(parts.context, item.images));
+        full_.emplace(s_.prefill(*prompt_, n_extra_, needs));  // chunked too: its probe records the reference's attention
         const eval_prefill pf = { full_->n_prompt(), full_->n_media(), full_->kv_bytes_allocated(),
                                   full_->prefill_seconds() };
         reference_ = full_->answer_reference(question_, n_predict);
@@ -42,7 +45,8 @@ class llama_engine final : public eval_engine {
     }
 
     eval_answer answer_compressed(const method_spec & spec, const method_params & params) override {
-        sequence         c = full_->compress(spec, params, n_extra_, true);
+        sequence         c = n_chunk_ > 0 ? s_.prefill_chunked(*prompt_, n_chunk_, spec, params, n_extra_)
+                                           : full_->compress(spec, params, n_extra_, true);
         const generation g = c.answer(question_, n_predict_);
         c.rewind();
         const fidelity_report f = c.fidelity(question_, reference_);
@@ -59,6 +63,8 @@ class llama_engine final : public eval_engine {
 
   private:
     const session &          s_;
+    const int32_t            n_chunk_;
+    std::optional<prompt>    prompt_;
     std::optional<sequence>  full_;
     std::vector<llama_token> question_;
     reference                reference_;
@@ -67,6 +73,8 @@ class llama_engine final : public eval_engine {
 
 }  // namespace
 
-std::unique_ptr<eval_engine> make_eval_engine(const session & s) { return std::make_unique<llama_engine>(s); }
+std::unique_ptr<eval_engine> make_eval_engine(const session & s, int32_t n_chunk) {
+    return std::make_unique<llama_engine>(s, n_chunk);
+}
 
 }  // namespace ecokv::llama

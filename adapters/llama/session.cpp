@@ -679,15 +679,9 @@ std::vector<size_t> chunk_bounds(const prompt & p, int32_t n_chunk, int32_t n_wi
 
 sequence session::prefill_chunked(const prompt & p, int32_t n_chunk, const method_spec & spec,
                                   const method_params & params, int32_t n_extra) const {
+    check_chunk(spec, params, n_chunk);
     const method_requirements needs    = requirements(spec, params);
     const int32_t             n_window = method_window(spec, params);
-    if (needs.full_queries) {
-        throw error(spec.name() + " needs the queries of every prompt token, which a chunked prefill does not keep");
-    }
-    if (n_chunk <= n_window) {
-        throw error("--chunk " + std::to_string(n_chunk) + " must be larger than the window of " +
-                    std::to_string(n_window));
-    }
     if (int64_t(p.n_cells()) + n_extra > n_ctx_train()) {
         throw error("prompt of " + std::to_string(p.n_cells()) + " tokens plus " + std::to_string(n_extra) +
                     " new ones exceeds the model's context of " + std::to_string(n_ctx_train()));

@@ -89,7 +89,7 @@ std::shared_ptr<void> lock_dir(const std::string & dir) {
 // then a plain function of its options.
 json config_of(const eval_options & o, const metric_info & metric) {
     const method_params & p = o.params;
-    return {
+    json config = {
         { "dataset", o.dataset },
         { "metric", metric.name },
         { "mode", mode_name(o.mode) },
@@ -113,6 +113,10 @@ json config_of(const eval_options & o, const metric_info & metric) {
         { "merge", p.merge == merge_kind::pivot ? "pivot" : "none" },
         { "head_scores", p.head_scores.empty() ? json(nullptr) : json(content_hash(p.head_scores)) },
     };
+    if (o.chunk > 0) {  // absent for one-shot runs: directories written before chunking existed resume as they were
+        config["chunk"] = o.chunk;
+    }
+    return config;
 }
 
 // "metric \"anls\" there, \"chars\" here" for each key a results directory's config.json and this run disagree on.
@@ -195,6 +199,9 @@ std::vector<std::string> canonical_methods(const eval_options & o, method_requir
             method_params p = o.params;
             p.budget        = b;
             p.validate(method_window(spec, p));
+            if (o.chunk > 0) {
+                check_chunk(spec, p, o.chunk);
+            }
             needs |= requirements(spec, p);
         }
         out.push_back(spec.name());

@@ -63,6 +63,11 @@ struct method_requirements {
 };
 method_requirements requirements(const method_spec & spec, const method_params & params);
 
+// Whether the method can compress a chunked prefill with chunks of n_chunk cells: chunks larger than its window (the
+// window queries are a chunk's own), and no accumulated attention over every prompt query (h2o: a chunked prefill
+// keeps the queries of one chunk). Throws ecokv::error naming the problem.
+void check_chunk(const method_spec & spec, const method_params & params, int32_t n_chunk);
+
 struct method_info {
     std::string name;
     std::string kind;                  // "scorer" or "allocator"

@@ -84,6 +84,33 @@ TEST(eval, resumed_and_sharded_runs_give_the_same_table) {
     EXPECT_EQ(f.report({ s0, s1 })["generated"], table["generated"]);
 }
 
+// --chunk: every compressed answer comes from its own chunked prefill (chunks of 6 cells: the 12-cell images alone),
+// recorded with the full cache as the reference; config.json says so, and a method that cannot be chunked is refused
+// before any work.
+TEST(eval, chunked_runs_answer_every_method) {
+    const eval_fixture f;
+    const std::string  out = f.dir / "chunked";
+    const run_result   r   = f.eval(out, { "--chunk", "6", "--limit", "2" });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_EQ(json::parse(read_file(out + "/config.json"))["chunk"].get<int>(), 6);
+    int                n = 0;
+    std::istringstream lines(read_file(out + "/results.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+        const json rec = json::parse(line);
+        EXPECT_FALSE(rec.contains("error")) << line;
+        if (rec["method"] != "full") {
+            EXPECT_TRUE(rec["mean_kl"].is_number()) << line;
+            ++n;
+        }
+    }
+    EXPECT_EQ(n, 2 * 2 * 2);  // 2 items x 2 methods x 2 budgets
+    const run_result bad = f.eval(f.dir / "chunked-h2o", { "--chunk", "6", "--methods", "h2o" });
+    EXPECT_EQ(bad.code, 1);
+    EXPECT_TRUE(contains(bad.err, "uniform+h2o needs the queries of every prompt token")) << describe(bad);
+    const run_result small = f.eval(f.dir / "chunked-small", { "--chunk", "2" });
+    EXPECT_TRUE(contains(small.err, "--chunk 2 must be larger than the window of 2")) << describe(small);
+}
+
 // Fidelity without gold answers: a budget covering the prompt leaves every layer's attention output unchanged;
 // a small budget gives a per-layer error.
 TEST(eval, fidelity_records_per_layer_attention_error) {

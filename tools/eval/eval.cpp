@@ -78,6 +78,8 @@ int ecokv_eval(int argc, char ** argv) {
                 cxxopts::value<std::string>()->default_value("prompt"))
             ("limit", "only the first N items", cxxopts::value<int32_t>()->default_value("0"))
             ("shard", "i/n: this process runs items i, i+n, i+2n, ...", cxxopts::value<std::string>()->default_value("0/1"))
+            ("chunk", "compressed answers from a chunked prefill of N cells per chunk (ecokv run --chunk); 0: one shot",
+                cxxopts::value<int32_t>()->default_value("0"))
             ("n,n-predict", "answer tokens", cxxopts::value<int32_t>()->default_value("16"))
             ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
             ("out", "results directory", cxxopts::value<std::string>())
@@ -115,6 +117,7 @@ int ecokv_eval(int argc, char ** argv) {
         o.limit                     = ecokv::tools::int_in_range(args, "limit", 0, INT32_MAX);
         std::tie(o.shard, o.n_shards) = parse_shard(args["shard"].as<std::string>());
         o.n_predict                 = args["n-predict"].as<int32_t>();
+        o.chunk                     = ecokv::tools::int_in_range(args, "chunk", 0, 1 << 24);
         o.out_dir                   = args["out"].as<std::string>();
         o.model                     = args["model"].as<std::string>();
         o.projector                 = args.count("mmproj") ? args["mmproj"].as<std::string>() : "";
@@ -127,7 +130,7 @@ int ecokv_eval(int argc, char ** argv) {
         so.mmproj_path = o.projector;
         so.n_threads   = ecokv::tools::threads_from(args);
         const el::session s(so);
-        ecokv::run_eval(plan, *el::make_eval_engine(s), progress_printer());
+        ecokv::run_eval(plan, *el::make_eval_engine(s, o.chunk), progress_printer());
         std::fprintf(stderr, "[eval] results in %s\n", plan.results_path.c_str());
         return 0;
     });

@@ -67,6 +67,7 @@ struct eval_options {
     int32_t                  shard     = 0;   // this process runs items shard, shard + n_shards, ...
     int32_t                  n_shards  = 1;
     int32_t                  n_predict = 16;
+    int32_t                  chunk     = 0;   // chunked prefill of this many cells per chunk (0: one shot)
     std::string              out_dir;
     std::string              model;           // files, recorded in config.json by name and content hash
     std::string              projector;
