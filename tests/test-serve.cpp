@@ -37,6 +37,27 @@ TEST(serve, data_urls_decode_base64) {
     }
 }
 
+// kv_compression over the server's flags: the request's fields win, bad ones are a 400 naming kv_compression (a
+// 20 KiB option name used to overflow the stack in cxxopts' std::regex, found by fuzz-chat-request).
+TEST(serve, kv_compression_is_resolved_over_the_server_flags) {
+    const compression_defaults server = { { "--method", "snapkv+ecokv", "--budget", "64" } };
+    auto request = [](json kv) {
+        return parse_chat_request({ { "messages", { { { "role", "user" }, { "content", "x" } } } }, { "kv_compression", kv } },
+                                  request_limits{});
+    };
+    const compression c = resolve_compression(request({ { "budget", 40 }, { "method", "pyramidkv" } }), server);
+    EXPECT_TRUE(c.on);
+    EXPECT_EQ(c.spec.name(), "pyramidkv+snapkv");
+    EXPECT_EQ(c.params.budget, 40);
+    EXPECT_FALSE(resolve_compression(request(false), server).on);
+    EXPECT_EQ(param_of([&] { resolve_compression(request({ { std::string(20000, 'f'), 1 } }), server); }), "kv_compression");
+    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "method", std::string(300, 'a') } }), server); }),
+              "kv_compression");
+    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "budget", 2 } }), server); }), "kv_compression");
+    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "head_scores", "x.json" } }), server); }),
+              "kv_compression.head_scores");
+}
+
 TEST(serve, requests_are_read_with_images_first) {
     const json body = { { "model", "tiny-vlm" },
                         { "max_tokens", 7 },

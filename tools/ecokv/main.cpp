@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <pthread.h>
+
 int ecokv_compress(int argc, char ** argv);
 int ecokv_synth_capture(int argc, char ** argv);
 int ecokv_metric(int argc, char ** argv);
@@ -39,9 +41,7 @@ void usage(FILE * out) {
     }
 }
 
-}  // namespace
-
-int main(int argc, char ** argv) {
+int dispatch(int argc, char ** argv) {
     if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 1 : 0;
@@ -54,4 +54,31 @@ int main(int argc, char ** argv) {
     std::fprintf(stderr, "ecokv: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 1;
+}
+
+// cxxopts matches arguments with std::regex, whose libstdc++ matcher recurses once or more per character: an option
+// or a number of tens of kilobytes (Linux allows 128 KiB per argument) overflows the usual 8 MiB stack. The
+// commands run on a thread with a stack that covers the longest argument (reserved, touched only as used).
+struct call {
+    int     argc;
+    char ** argv;
+    int     result = 1;
+};
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    call           c{ argc, argv };
+    pthread_attr_t attr;
+    pthread_t      thread;
+    if (pthread_attr_init(&attr) == 0 && pthread_attr_setstacksize(&attr, size_t(512) << 20) == 0 &&
+        pthread_create(&thread, &attr, [](void * p) -> void * {
+            auto * c   = static_cast<call *>(p);
+            c->result  = dispatch(c->argc, c->argv);
+            return nullptr;
+        }, &c) == 0) {
+        pthread_join(thread, nullptr);
+        return c.result;
+    }
+    return dispatch(argc, argv);  // no thread: the usual stack
 }

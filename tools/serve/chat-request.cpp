@@ -232,6 +232,10 @@ compression resolve_compression(const chat_request & r, const compression_defaul
             if (!v.is_string() && !v.is_number()) {
                 throw bad_request("kv_compression." + k, "'kv_compression." + k + "' must be a string or a number");
             }
+            // Method options are short; cxxopts matches them with std::regex, which recurses per character.
+            if (k.size() > 64 || (v.is_string() && v.get_ref<const std::string &>().size() > 256)) {
+                throw bad_request("kv_compression", "a kv_compression field or value is too long (64 and 256 bytes at most)");
+            }
             args.push_back("--" + flag);
             args.push_back(v.is_string() ? v.get<std::string>() : v.dump());
         }
