@@ -378,7 +378,7 @@ prompt session::make_prompt_from_memory(const std::string & text, const std::vec
     if (const int32_t rc = mtmd_tokenize(impl_->projector.get(), p->chunks.get(), &input, ptrs.data(), ptrs.size());
         rc != 0) {
         throw error(rc == 1 ? "the prompt's media markers do not match the number of images"
-                            : "an image could not be preprocessed for this projector");
+                            : impl_->opts.mmproj_path + ": an image could not be preprocessed for this projector");
     }
     size_t n_images = 0;
     for (size_t i = 0; i < mtmd_input_chunks_size(p->chunks.get()); ++i) {
@@ -442,7 +442,9 @@ struct sequence::impl {
         try {
             return f();
         } catch (const non_finite_error & e) {
-            throw error(s->opts.model_path + ": " + e.what());
+            const std::string projector =
+                s->opts.mmproj_path.empty() ? "" : " (or the projector " + s->opts.mmproj_path + "'s, for the images)";
+            throw error(s->opts.model_path + ": " + e.what() + projector);
         }
     }
 
