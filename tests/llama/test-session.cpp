@@ -118,6 +118,24 @@ TEST(session, compression_masks_what_was_evicted) {
     EXPECT_GT(rel_diff(small.logits(), reference_logits(f.m, next, text_positions(41))), 3 * logit_rel_tolerance);
 }
 
+// What a query sees in a chunked prefill whose chunks end at `ends`, kept[k] being each (layer, KV head)'s kept cells
+// after chunk k: its own chunk (causally) and what its head kept after the chunk before; a token after the last chunk
+// sees what the last compression kept.
+keep_fn chunked_visibility(const std::vector<int32_t> & ends, const std::vector<std::vector<std::vector<int32_t>>> & kept,
+                           int32_t n_kv) {
+    return [&ends, &kept, n_kv](int32_t il, int32_t g, int32_t qi, int32_t kj) {
+        size_t c = 0;  // the chunk of query qi (ends.size(): after the last)
+        while (c < ends.size() && qi >= ends[c]) {
+            ++c;
+        }
+        if (c == 0 || kj >= ends[c - 1]) {
+            return true;
+        }
+        const auto & h = kept[c - 1][size_t(il) * n_kv + g];
+        return std::binary_search(h.begin(), h.end(), kj);
+    };
+}
+
 // Chunked prefill, one chunk at a time: after each chunk, the logits are the reference's where every query of the
 // chunk sees, per (layer, KV head), what that head kept after the chunk before plus the chunk itself; decoding after
 // the last chunk sees what the last compression kept. For a uniform and two ragged allocators.
@@ -133,19 +151,9 @@ TEST(session, chunked_prefill_attends_to_what_each_chunk_kept) {
         seq.compress_in_place(spec, par);
         std::vector<std::vector<std::vector<int32_t>>> kept = { seq.kept_cells() };  // after each chunk
         const std::vector<int32_t>                     ends = { 30, 60, 100 };
+        const keep_fn                                  see  = chunked_visibility(ends, kept, 2);
         for (size_t k = 1; k < ends.size(); ++k) {
             seq.extend(p, size_t(ends[k - 1]), size_t(ends[k]), spec, par, k + 1 < ends.size() ? 40 : 8);
-            auto see = [&](int32_t il, int32_t g, int32_t qi, int32_t kj) {
-                size_t c = 0;  // the chunk of query qi
-                while (qi >= ends[c]) {
-                    ++c;
-                }
-                if (c == 0 || kj >= ends[c - 1]) {
-                    return true;
-                }
-                const auto & h = kept[c - 1][size_t(il) * 2 + g];
-                return std::binary_search(h.begin(), h.end(), kj);
-            };
             const std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + ends[k]);
             EXPECT_LT(rel_diff(seq.logits(), reference_logits(f.m, prefix, text_positions(ends[k]), see)),
                       logit_rel_tolerance)
@@ -161,26 +169,10 @@ TEST(session, chunked_prefill_attends_to_what_each_chunk_kept) {
             EXPECT_EQ(h.back(), 99);        // the window: the last chunk's last 4 cells
         }
         // Decoding after the last chunk sees its kept cells.
-        auto final_see = [&](int32_t il, int32_t g, int32_t qi, int32_t kj) {
-            if (qi < 100) {
-                size_t c = 0;
-                while (qi >= ends[c]) {
-                    ++c;
-                }
-                if (c == 0 || kj >= ends[c - 1]) {
-                    return true;
-                }
-                const auto & h = kept[c - 1][size_t(il) * 2 + g];
-                return std::binary_search(h.begin(), h.end(), kj);
-            }
-            const auto & h = kept.back()[size_t(il) * 2 + g];
-            return kj >= 100 || std::binary_search(h.begin(), h.end(), kj);
-        };
         auto next = tokens;
         next.push_back(9);
         seq.decode({ 9 });
-        EXPECT_LT(rel_diff(seq.logits(), reference_logits(f.m, next, text_positions(101), final_see)),
-                  logit_rel_tolerance)
+        EXPECT_LT(rel_diff(seq.logits(), reference_logits(f.m, next, text_positions(101), see)), logit_rel_tolerance)
             << name;
     }
 }
