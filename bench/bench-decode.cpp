@@ -12,8 +12,8 @@
 //   KV bytes allocated <= 1.05 x (kept entries + room for n_decode tokens) + 32 cells per layer;
 //   peak RSS of prefill + compression in place <= peak RSS of the prefill + the compressed cache + 5%.
 // See bench/bench-decode.md. Usage: bench-decode --help
+#include "bench-common.h"
 #include "seeded-random.h"
-#include "tiny-model.h"
 
 #include "ecokv/error.h"
 #include "ecokv/safetensors.h"
@@ -22,16 +22,12 @@
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdarg>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,20 +35,8 @@
 namespace {
 
 namespace el = ecokv::llama;
-using clock_type = std::chrono::steady_clock;
-using json       = nlohmann::json;
-
-double seconds_since(clock_type::time_point t0) {
-    return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-__attribute__((format(printf, 1, 2))) void progress(const char * fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    std::vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    std::fflush(stderr);
-}
+using namespace ecokv::bench;
+using json = nlohmann::json;
 
 std::string fmt(const char * f, double v) {
     char buf[64];
@@ -62,49 +46,18 @@ std::string fmt(const char * f, double v) {
 
 // ---- options ---------------------------------------------------------------------------------------------------
 
-struct options {
-    int32_t                  n_tokens = 8192, n_decode = 64, repeats = 5, threads = 2, n_ubatch = 512;
+struct options : model_shape, output_options {
+    int32_t                  n_tokens = 8192, n_decode = 64, repeats = 5;
     std::vector<int32_t>     budgets;
     std::vector<std::string> methods;
-    std::string              arch = "qwen2vl", wtype = "q8_0", flash_attn = "auto";
-    int32_t                  n_layer = 28, n_embd = 1536, n_head = 12, n_head_kv = 2, n_ff = 8960, n_vocab = 32768;
-    uint64_t                 seed = 1;
-    bool                     json = false, verbose = false;
-    std::string              json_file;
     std::string              head_scores;  // sparsemm's head-score file; a synthetic one when empty
     bool                     synthetic_head_scores = false;  // written by this run, removed at its end
 };
-
-constexpr int32_t k_n_ctx_train = 32768;  // the model's context (Qwen2-VL-2B)
-
-// An integer option in [lo, 1000000].
-int32_t bounded(const cxxopts::ParseResult & args, const std::string & name, int32_t lo) {
-    const int32_t v = args[name].as<int32_t>();
-    if (v < lo || v > 1000000) {
-        throw ecokv::error("--" + name + " " + std::to_string(v) + ": expected an integer in [" + std::to_string(lo) +
-                           ", 1000000]");
-    }
-    return v;
-}
-
-std::string one_of(const cxxopts::ParseResult & args, const std::string & name,
-                   const std::vector<std::string> & allowed) {
-    const std::string v = args[name].as<std::string>();
-    if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
-        std::string list;
-        for (const auto & a : allowed) {
-            list += (list.empty() ? "" : ", ") + a;
-        }
-        throw ecokv::error("--" + name + " " + v + ": expected one of " + list);
-    }
-    return v;
-}
 
 cxxopts::Options option_spec() {
     cxxopts::Options spec("bench-decode", "Prefill, compression and decode cost inside llama.cpp on a random-weight "
                                           "model at Qwen2-VL-2B's shape (vocabulary reduced).");
     const auto       i32 = [](const char * d) { return cxxopts::value<int32_t>()->default_value(d); };
-    const auto       str = [](const char * d) { return cxxopts::value<std::string>()->default_value(d); };
     // clang-format off
     spec.add_options()
         ("tokens", "prompt length (random token ids)", i32("8192"), "N")
@@ -112,61 +65,28 @@ cxxopts::Options option_spec() {
         ("budgets", "comma-separated budgets (tokens kept per KV head)", cxxopts::value<std::vector<int32_t>>()->default_value("64,256"), "LIST")
         ("methods", "comma-separated methods, e.g. snapkv+ecokv,pyramidkv+ecokv", cxxopts::value<std::vector<std::string>>()->default_value("snapkv+ecokv"), "LIST")
         ("repeats", "decode runs per configuration (best and median)", i32("5"), "N")
-        ("threads", "CPU threads (ggml, the ecokv core, the weight fill)", i32("2"), "N")
-        ("ubatch", "prefill (micro-)batch", i32("512"), "N")
-        ("wtype", "weight type of the matrices: q8_0, q4_0, f16, f32", str("q8_0"), "T")
-        ("arch", "qwen2vl or llama", str("qwen2vl"), "A")
-        ("flash-attn", "auto, on or off, for every context", str("auto"), "M")
-        ("seed", "weights and prompt", cxxopts::value<uint64_t>()->default_value("1"), "S")
         ("head-scores", "SparseMM head-score JSON (default: seeded random scores, fine for memory and speed)",
-         cxxopts::value<std::string>(), "FILE")
-        ("json", "print one JSON object on stdout instead of the tables")
-        ("json-file", "also write that JSON object to PATH", cxxopts::value<std::string>(), "PATH")
-        ("verbose", "show llama.cpp's log")
-        ("h,help", "show this help");
-    spec.add_options("model shape (Qwen2-VL-2B, vocabulary reduced)")
-        ("layers", "layers", i32("28"), "N")
-        ("embd", "embedding width", i32("1536"), "N")
-        ("heads", "query heads", i32("12"), "N")
-        ("kv-heads", "KV heads", i32("2"), "N")
-        ("ff", "feed-forward width", i32("8960"), "N")
-        ("vocab", "vocabulary", i32("32768"), "N");
+         cxxopts::value<std::string>(), "FILE");
     // clang-format on
     return spec;
 }
 
 // Parses the command line; nullopt after printing --help.
 std::optional<options> parse_options(int argc, char ** argv) {
-    cxxopts::Options spec = option_spec();
-    const auto       args = spec.parse(argc, argv);
-    if (args.count("help")) {
-        std::printf("%s\n", spec.help().c_str());
+    cxxopts::Options                          spec   = option_spec();
+    const std::optional<cxxopts::ParseResult> parsed = parse_bench_options(spec, argc, argv);
+    if (!parsed) {
         return std::nullopt;
     }
-    if (!args.unmatched().empty()) {
-        throw ecokv::error("unexpected argument '" + args.unmatched().front() + "'");
-    }
-    options o;
+    const cxxopts::ParseResult & args = *parsed;
+    options                      o;
+    static_cast<model_shape &>(o)    = read_model_options(args);
+    static_cast<output_options &>(o) = read_output_options(args);
     o.n_tokens   = bounded(args, "tokens", 1);
     o.n_decode   = bounded(args, "n-decode", 1);
     o.repeats    = bounded(args, "repeats", 1);
-    o.threads    = bounded(args, "threads", 1);
-    o.n_ubatch   = bounded(args, "ubatch", 1);
-    o.n_layer    = bounded(args, "layers", 1);
-    o.n_embd     = bounded(args, "embd", 1);
-    o.n_head     = bounded(args, "heads", 1);
-    o.n_head_kv  = bounded(args, "kv-heads", 1);
-    o.n_ff       = bounded(args, "ff", 1);
-    o.n_vocab    = bounded(args, "vocab", 2);
     o.budgets    = args["budgets"].as<std::vector<int32_t>>();
     o.methods    = args["methods"].as<std::vector<std::string>>();
-    o.wtype      = one_of(args, "wtype", { "q8_0", "q4_0", "f16", "f32" });
-    o.arch       = one_of(args, "arch", { "qwen2vl", "llama" });
-    o.flash_attn = one_of(args, "flash-attn", { "auto", "on", "off" });
-    o.seed       = args["seed"].as<uint64_t>();
-    o.json       = args.count("json") > 0;
-    o.verbose    = args.count("verbose") > 0;
-    o.json_file  = args.count("json-file") ? args["json-file"].as<std::string>() : "";
     o.head_scores = args.count("head-scores") ? args["head-scores"].as<std::string>() : "";
     if (o.budgets.empty() || o.methods.empty()) {
         throw ecokv::error("--budgets and --methods need at least one entry");
@@ -175,9 +95,6 @@ std::optional<options> parse_options(int argc, char ** argv) {
         if (b < 1) {
             throw ecokv::error("--budgets " + std::to_string(b) + ": expected integers >= 1");
         }
-    }
-    if (o.n_embd % o.n_head != 0 || o.n_head % o.n_head_kv != 0 || (o.n_embd / o.n_head) % 2 != 0) {
-        throw ecokv::error("model shape: need n_embd % n_head == 0, n_head % n_kv_heads == 0 and an even head_dim");
     }
     if (o.n_tokens + o.n_decode > k_n_ctx_train) {
         throw ecokv::error("--tokens + --n-decode must fit the model's 32768-token context");
@@ -232,73 +149,6 @@ method_plan plan_methods(options & o) {
     return plan;
 }
 
-// ---- memory and CPU --------------------------------------------------------------------------------------------
-
-// VmRSS / VmHWM of this process in KiB (Linux /proc/self/status); 0 when unavailable.
-uint64_t status_kib(const char * key) {
-    std::ifstream in("/proc/self/status");
-    std::string   line;
-    const size_t  n = std::strlen(key);
-    while (std::getline(in, line)) {
-        if (line.compare(0, n, key) == 0 && line.size() > n && line[n] == ':') {
-            return std::strtoull(line.c_str() + n + 1, nullptr, 10);
-        }
-    }
-    return 0;
-}
-
-uint64_t rss_kib() { return status_kib("VmRSS"); }
-
-uint64_t hwm_kib() { return status_kib("VmHWM"); }
-
-// Resets the peak (VmHWM) to the current RSS: "5" > /proc/self/clear_refs (Linux >= 4.0). Returns false when the
-// kernel refuses; the phase peaks are then peaks since the start of the process.
-bool reset_peak() {
-    std::ofstream out("/proc/self/clear_refs");
-    out << "5";
-    out.flush();
-    return bool(out);
-}
-
-double mib(uint64_t bytes) { return double(bytes) / 1048576.0; }
-
-double kib_to_mib(uint64_t kib) { return double(kib) / 1024.0; }
-
-// CPU seconds (user + system) this process has used: with the wall time of a run it tells whether the run had its
-// threads' worth of CPU (another process on the cores makes ggml's spinning threads wait for each other).
-double cpu_seconds() {
-    rusage u{};
-    getrusage(RUSAGE_SELF, &u);
-    return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-// A phase: wall time, RSS at its end, peak RSS during it (HWM reset at its start).
-struct phase {
-    std::string name;
-    double      seconds  = 0;
-    uint64_t    rss_kib  = 0;
-    uint64_t    peak_kib = 0;
-};
-
-struct phase_meter {
-    bool                   hwm_reset_works = true;
-    std::vector<phase>     phases;
-    clock_type::time_point t0;
-    std::string            name;
-
-    void begin(std::string n) {
-        name            = std::move(n);
-        hwm_reset_works = reset_peak() && hwm_reset_works;
-        t0              = clock_type::now();
-    }
-
-    phase end() {
-        phase p{ name, seconds_since(t0), rss_kib(), hwm_kib() };
-        phases.push_back(p);
-        return p;
-    }
-};
-
 // ---- statistics ------------------------------------------------------------------------------------------------
 
 double sum(const std::vector<double> & v) {
@@ -320,53 +170,6 @@ double median(std::vector<double> v) {
     return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-
-// ---- model and prompts -----------------------------------------------------------------------------------------
-
-struct model_info {
-    int64_t  n_params     = 0;
-    uint64_t weight_bytes = 0;
-};
-
-// The tests' random-weight builder at bench scale: matrices in --wtype, no F32 copy, filled on --threads threads.
-el::model_ptr build_model(const options & o, model_info & info) {
-    ecokv::test::tiny_config c;
-    c.arch           = o.arch;
-    c.n_layer        = o.n_layer;
-    c.n_embd         = o.n_embd;
-    c.n_head         = o.n_head;
-    c.n_head_kv      = o.n_head_kv;
-    c.n_ff           = o.n_ff;
-    c.n_vocab        = o.n_vocab;
-    c.n_ctx_train    = k_n_ctx_train;
-    c.rope_freq_base = 1e6f;
-    // Qwen2-VL's mrope_section [16, 24, 24] (rotation pairs; head_dim/2 = 64 at head_dim 128), scaled otherwise
-    const int32_t half = c.head_dim() / 2, t = half / 4, y = (half - t) / 2;
-    c.rope_sections          = { t, y, half - t - y, 0 };
-    c.seed                   = o.seed;
-    c.weight_type            = o.wtype;
-    c.keep_reference_weights = false;
-    c.n_threads              = o.threads;
-    c.on_progress            = [last = -1](uint64_t done, uint64_t total) mutable {
-        const int pct = int(std::min<uint64_t>(100, 100 * done / std::max<uint64_t>(total, 1)));
-        if (pct / 10 != last / 10) {
-            progress("  weights %3d%%\n", pct);
-            last = pct;
-        }
-    };
-    ecokv::test::tiny_model m = ecokv::test::make_tiny_model(c);
-    info                      = { m.n_params(), m.n_bytes() };
-    return el::model_ptr(m.release());
-}
-
-std::vector<llama_token> random_tokens(int32_t n, int32_t n_vocab, uint64_t seed) {
-    ecokv::test::splitmix64  rng{ seed * 0x9e3779b97f4a7c15ull + 12345 };
-    std::vector<llama_token> out(static_cast<size_t>(n));
-    for (auto & t : out) {
-        t = llama_token(rng.next() % uint64_t(n_vocab));
-    }
-    return out;
-}
 
 // ---- decoding --------------------------------------------------------------------------------------------------
 
@@ -640,24 +443,17 @@ json in_place_row(const in_place_result & ip, const options & o) {
 
 json make_report(const options & o, const model_info & mi, const full_result & f, const in_place_result & ip,
                  const std::vector<config_result> & results, const phase_meter & pm, double total_s) {
-    json rows = json::array({ full_row(f, o) }), targets = json::array(), phases = json::array();
+    json rows = json::array({ full_row(f, o) }), targets = json::array();
     for (const auto & c : results) {
         rows.push_back(config_row(c, f, o));
         targets.push_back(target_of(rows.back(), f));
     }
-    for (const auto & ph : pm.phases) {
-        phases.push_back({ { "phase", ph.name }, { "seconds", ph.seconds }, { "rss_kib", ph.rss_kib },
-                           { "peak_kib", ph.peak_kib } });
-    }
     return {
-        { "model", { { "arch", o.arch }, { "n_layer", o.n_layer }, { "n_embd", o.n_embd }, { "n_head", o.n_head },
-                     { "n_head_kv", o.n_head_kv }, { "head_dim", o.n_embd / o.n_head }, { "n_ff", o.n_ff },
-                     { "n_vocab", o.n_vocab }, { "weights", o.wtype }, { "n_params", mi.n_params },
-                     { "weight_bytes", mi.weight_bytes } } },
+        { "model", model_json(o, mi) },
         { "tokens", o.n_tokens }, { "n_decode", o.n_decode }, { "repeats", o.repeats }, { "threads", o.threads },
         { "ubatch", o.n_ubatch }, { "flash_attn", o.flash_attn }, { "kv_bytes_per_cell", f.bytes_per_cell },
         { "peak_reset_works", pm.hwm_reset_works }, { "total_s", total_s },
-        { "phases", phases }, { "rows", rows }, { "targets", targets }, { "in_place", in_place_row(ip, o) },
+        { "phases", phases_json(pm.phases) }, { "rows", rows }, { "targets", targets }, { "in_place", in_place_row(ip, o) },
     };
 }
 
@@ -761,17 +557,6 @@ void write_report(const json & out, const options & o, const phase_meter & pm) {
 }
 
 // ---- main ------------------------------------------------------------------------------------------------------
-
-el::session_options session_options_for(const options & o) {
-    el::session_options so;
-    so.n_threads  = o.threads;
-    so.n_batch    = o.n_ubatch;
-    so.n_ubatch   = o.n_ubatch;
-    so.flash_attn = o.flash_attn == "on"    ? LLAMA_FLASH_ATTN_TYPE_ENABLED
-                    : o.flash_attn == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
-                                            : LLAMA_FLASH_ATTN_TYPE_AUTO;
-    return so;
-}
 
 int run(options o) {
     el::set_verbose(o.verbose);

@@ -133,6 +133,15 @@ TEST(cli, no_command_or_unknown_command_exits_one_with_usage) {
     r = run_cli(dir.path().string(), { "--bogus" });
     EXPECT_EQ(r.code, 1) << describe(r);
     EXPECT_TRUE(contains(r.err, "usage: ecokv")) << describe(r);
+
+    // An unknown option of 5000 bytes is named by its start and end, not echoed whole.
+    const std::string long_option = "--a" + std::string(4996, 'x') + "z";
+    r = run_cli(dir.path().string(), { "run", long_option });
+    EXPECT_EQ(r.code, 1) << describe(r);
+    EXPECT_TRUE(contains(r.err, "ecokv run: error: Option \xe2\x80\x98" "axxx")) << describe(r);
+    EXPECT_TRUE(contains(r.err, "xxx...xxx")) << describe(r);
+    EXPECT_TRUE(contains(r.err, "xxxz\xe2\x80\x99 does not exist (see --help)")) << describe(r);
+    EXPECT_LT(r.err.size(), 220u) << describe(r);
 }
 
 TEST(cli, list_methods_lists_every_registered_name) {
@@ -411,6 +420,8 @@ TEST(cli, compress_bad_input_exits_one_and_writes_nothing) {
         { "bogus pool", { "-i", cap, "-m", "snapkv", "--pool", "bogus" }, { "--pool", "bogus" } },
         { "bogus merge", { "-i", cap, "-m", "lookm", "--merge", "all" }, { "--merge", "all" } },
         { "bogus centroid", { "-i", cap, "-m", "ecokv", "--centroid", "mid" }, { "--centroid", "mid" } },
+        { "bogus mixkv scale", { "-i", cap, "-m", "mixkv", "--mixkv-scale", "sv" }, { "--mixkv-scale", "'sv'" } },
+        { "bogus ecokv weights", { "-i", cap, "-m", "ecokv", "--ecokv-weights", "fig3" }, { "--ecokv-weights", "'fig3'" } },
         { "alpha out of range", { "-i", cap, "-m", "ecokv", "--alpha", "1.5" }, { "--alpha 1.5" } },
         { "negative floor ratio", { "-i", cap, "-m", "adakv", "--floor-ratio", "-0.1" }, { "--floor-ratio" } },
         { "budget not a number", { "-i", cap, "-m", "snapkv", "-b", "many" }, { "many" } },

@@ -150,59 +150,96 @@ TEST(key_geometry, matches_brute_force_pairwise_cosine_and_distances) {
     }
 }
 
-// ECOKV Algorithm 1 and Eqs. 1-7, written out step by step against score_heads(). Kernel 1 keeps pooling out.
-TEST(ecokv, algorithm_1_step_by_step) {
-    const int32_t t = 10, d = 4, h = 2, n = 4, n_prefix = t - n;
-    const auto    keys    = random_keys(t * d, 11);
-    const auto    values  = random_keys(t * d, 12);
-    const auto    queries = random_keys(h * n * d, 13);
-    const capture_view cap = make_capture(h, 1, d, t, n, keys, values, queries);
-    ecokv::method_params p;
-    p.budget = 7, p.kernel = 1, p.alpha = 0.7, p.beta = 0.4;
-    const auto got = ecokv::score_heads(cap, ecokv::parse_method("ecokv"), p, { 1 })[0];
+double mean_of(const std::vector<double> & x) { return std::accumulate(x.begin(), x.end(), 0.0) / double(x.size()); }
 
-    std::vector<float> a0f(static_cast<size_t>(n_prefix));
-    ecokv::kernels::window_attention(cap, 0, 0, n, a0f);  // checked by hand above
-    const std::vector<double> a(a0f.begin(), a0f.end());
-    auto mean = [](const std::vector<double> & x) { return std::accumulate(x.begin(), x.end(), 0.0) / x.size(); };
-    // S_imp = a + sV, sV = minmax0(||v||) rescaled to mean(a).
-    std::vector<double> vn;
-    for (int32_t j = 0; j < n_prefix; ++j) {
-        double s = 0;
-        for (int32_t x = 0; x < d; ++x) {
-            s += double(values[j * d + x]) * values[j * d + x];
+// (x - min) / (max - min + eps).
+std::vector<double> written_minmax(const std::vector<double> & x, double eps) {
+    const double        lo = *std::min_element(x.begin(), x.end()), hi = *std::max_element(x.begin(), x.end());
+    std::vector<double> out;
+    for (double v : x) {
+        out.push_back((v - lo) / (hi - lo + eps));
+    }
+    return out;
+}
+
+// One head written out for the ECOKV and MixKV checks: window attention a (kernel 1), S_imp = a + sV with
+// sV = minmax0(||v||) rescaled to mean(a), and the brute-force key geometry.
+struct written_head {
+    int32_t              t = 10, d = 4, h = 2, n = 4, n_prefix = 6;
+    std::vector<float>   keys = random_keys(t * d, 11), values = random_keys(t * d, 12),
+                       queries = random_keys(h * n * d, 13);
+    capture_view         cap = make_capture(h, 1, d, t, n, keys, values, queries);
+    std::vector<double>  a, simp;
+    brute_geometry       g = brute(keys, t, d, n_prefix);
+
+    written_head() {
+        std::vector<float> a0f(static_cast<size_t>(n_prefix));
+        ecokv::kernels::window_attention(cap, 0, 0, n, a0f);  // checked by hand above
+        a.assign(a0f.begin(), a0f.end());
+        std::vector<double> vn;
+        for (int32_t j = 0; j < n_prefix; ++j) {
+            double s = 0;
+            for (int32_t x = 0; x < d; ++x) {
+                s += double(values[j * d + x]) * values[j * d + x];
+            }
+            vn.push_back(std::sqrt(s));
         }
-        vn.push_back(std::sqrt(s));
+        const std::vector<double> sv = written_minmax(vn, 0.0);
+        const double              fv = mean_of(a) / (mean_of(sv) + 1e-8);
+        for (int32_t j = 0; j < n_prefix; ++j) {
+            simp.push_back(a[j] + sv[j] * fv);
+        }
     }
-    const double vlo = *std::min_element(vn.begin(), vn.end()), vhi = *std::max_element(vn.begin(), vn.end());
-    std::vector<double> sv, simp;
-    for (double v : vn) {
-        sv.push_back((v - vlo) / (vhi - vlo));
+};
+
+// ECOKV Algorithm 1 and Eqs. 1-7, written out step by step against score_heads(), under both readings of SPEC §5.2:
+// alpha and beta weight the Euclidean terms (Eq. 3/6), or the cosine ones (Figure 3's text). Kernel 1 keeps pooling
+// out.
+TEST(ecokv, algorithm_1_step_by_step) {
+    const written_head w;
+    for (const auto reading : { ecokv::ecokv_weights_kind::equations, ecokv::ecokv_weights_kind::figure3 }) {
+        ecokv::method_params p;
+        p.budget = 7, p.kernel = 1, p.alpha = 0.7, p.beta = 0.4, p.ecokv_weights = reading;
+        const auto   got = ecokv::score_heads(w.cap, ecokv::parse_method("ecokv"), p, { 1 })[0];
+        const bool   eq  = reading == ecokv::ecokv_weights_kind::equations;
+        const double w_e = eq ? p.alpha : 1 - p.alpha, w_re = eq ? p.beta : 1 - p.beta;  // the Euclidean weights
+        // Steps 2-9.
+        const std::vector<double> se = written_minmax(w.g.de, 1e-8);
+        std::vector<double>       sdiv;
+        for (int32_t j = 0; j < w.n_prefix; ++j) {
+            sdiv.push_back(w_e * se[j] + (1 - w_e) * (1 - w.g.c[j]) / 2);
+        }
+        const double re     = 2 - 2 / (1 + std::exp(-w.g.mean_de / std::sqrt(double(w.d))));
+        const double lambda = w_re * re + (1 - w_re) * w.g.rc;
+        const std::vector<double> sdiv_mm = written_minmax(sdiv, 1e-8);
+        const double              fd      = mean_of(w.simp) / (mean_of(sdiv_mm) + 1e-8);
+        ASSERT_EQ(got.size(), size_t(w.n_prefix));
+        for (int32_t j = 0; j < w.n_prefix; ++j) {
+            EXPECT_NEAR(got[j], lambda * sdiv_mm[j] * fd + (1 - lambda) * w.simp[j], 1e-5 * mean_of(w.simp))
+                << "token " << j << (eq ? " (equations)" : " (figure3)");
+        }
     }
-    const double fv = mean(a) / (mean(sv) + 1e-8);
-    for (int32_t j = 0; j < n_prefix; ++j) {
-        simp.push_back(a[j] + sv[j] * fv);
-    }
-    // Steps 2-9.
-    const brute_geometry g = brute(keys, t, d, n_prefix);
-    const double elo = *std::min_element(g.de.begin(), g.de.end()), ehi = *std::max_element(g.de.begin(), g.de.end());
-    std::vector<double> sdiv;
-    for (int32_t j = 0; j < n_prefix; ++j) {
-        const double sc = (1 - g.c[j]) / 2;
-        const double se = (g.de[j] - elo) / (ehi - elo + 1e-8);
-        sdiv.push_back(p.alpha * se + (1 - p.alpha) * sc);
-    }
-    const double re     = 2 - 2 / (1 + std::exp(-g.mean_de / std::sqrt(double(d))));
-    const double lambda = p.beta * re + (1 - p.beta) * g.rc;
-    const double dlo = *std::min_element(sdiv.begin(), sdiv.end()), dhi = *std::max_element(sdiv.begin(), sdiv.end());
-    std::vector<double> sdiv_mm;
-    for (double s : sdiv) {
-        sdiv_mm.push_back((s - dlo) / (dhi - dlo + 1e-8));
-    }
-    const double fd = mean(simp) / (mean(sdiv_mm) + 1e-8);
-    ASSERT_EQ(got.size(), size_t(n_prefix));
-    for (int32_t j = 0; j < n_prefix; ++j) {
-        EXPECT_NEAR(got[j], lambda * sdiv_mm[j] * fd + (1 - lambda) * simp[j], 1e-5 * mean(simp)) << "token " << j;
+}
+
+// MixKV (SPEC §4-§5) written out under both readings of its diversity scale (SPEC §5.2): sC = minmax(-c) matched to
+// mean window attention (the official code) or to mean S_imp (ECOKV's App. A.1), S = rC sC + (1 - rC) S_imp.
+TEST(mixkv, scores_step_by_step_under_both_scales) {
+    const written_head w;
+    for (const auto scale : { ecokv::mixkv_scale_kind::attention, ecokv::mixkv_scale_kind::importance }) {
+        ecokv::method_params p;
+        p.budget = 7, p.kernel = 1, p.window = w.n, p.mixkv_scale = scale;
+        const auto          got = ecokv::score_heads(w.cap, ecokv::parse_method("mixkv"), p, { 1 })[0];
+        std::vector<double> neg_c;
+        for (double c : w.g.c) {
+            neg_c.push_back(-c);
+        }
+        const std::vector<double> sc     = written_minmax(neg_c, 1e-8);
+        const double              target = scale == ecokv::mixkv_scale_kind::attention ? mean_of(w.a) : mean_of(w.simp);
+        const double              f      = target / (mean_of(sc) + 1e-8);
+        ASSERT_EQ(got.size(), size_t(w.n_prefix));
+        for (int32_t j = 0; j < w.n_prefix; ++j) {
+            EXPECT_NEAR(got[j], w.g.rc * sc[j] * f + (1 - w.g.rc) * w.simp[j], 1e-5 * mean_of(w.simp)) << "token " << j;
+        }
     }
 }
 

@@ -58,6 +58,27 @@ TEST(serve, kv_compression_is_resolved_over_the_server_flags) {
               "kv_compression.head_scores");
 }
 
+// The chunk of a chunked prefill: the server's --chunk, a request's kv_compression.chunk over it, part of the
+// conversation's identity; a chunk not larger than the window (SnapKV's 32), or h2o chunked, is a 400.
+TEST(serve, kv_compression_chunk_is_resolved_over_the_server_flag) {
+    compression_defaults server = { { "--method", "snapkv", "--budget", "64" } };
+    server.chunk                = 128;
+    auto request = [](json kv) {
+        return parse_chat_request({ { "messages", { { { "role", "user" }, { "content", "x" } } } }, { "kv_compression", kv } },
+                                  request_limits{});
+    };
+    EXPECT_EQ(resolve_compression(request(json::object()), server).chunk, 128);
+    const compression one_shot = resolve_compression(request({ { "chunk", 0 } }), server);
+    const compression chunked  = resolve_compression(request({ { "chunk", 96 } }), server);
+    EXPECT_EQ(one_shot.chunk, 0);
+    EXPECT_EQ(chunked.chunk, 96);
+    EXPECT_NE(one_shot.key, chunked.key);
+    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", 32 } }), server); }), "kv_compression");
+    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", -1 } }), server); }), "kv_compression");
+    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", 96 }, { "method", "h2o" } }), server); }),
+              "kv_compression");
+}
+
 TEST(serve, requests_are_read_with_images_first) {
     const json body = { { "model", "tiny-vlm" },
                         { "max_tokens", 7 },

@@ -116,6 +116,12 @@ json config_of(const eval_options & o, const metric_info & metric) {
     if (o.chunk > 0) {  // absent for one-shot runs: directories written before chunking existed resume as they were
         config["chunk"] = o.chunk;
     }
+    if (p.mixkv_scale != mixkv_scale_kind::attention) {  // the other readings of SPEC §5.2, likewise only when chosen
+        config["mixkv_scale"] = "importance";
+    }
+    if (p.ecokv_weights != ecokv_weights_kind::equations) {
+        config["ecokv_weights"] = "figure3";
+    }
     return config;
 }
 

@@ -11,6 +11,9 @@ namespace ecokv {
 enum class pool_kind { avg, max };
 enum class merge_kind { none, pivot };    // LOOK-M pivot merge of evicted K/V into kept rows
 enum class centroid_kind { all, prefix };  // tokens over which ECOKV's mu and kbar are taken
+// The two readings of the papers SPEC §5.2 measured to matter; the first of each is normative.
+enum class mixkv_scale_kind { attention, importance };  // MixKV's sC matched to mean(a) (code) or mean(Simp) (App. A.1)
+enum class ecokv_weights_kind { equations, figure3 };   // alpha, beta weight sE, rE (Eq. 3/6) or sC, rC (Fig. 3 text)
 
 // Every knob of every method, with the SPEC defaults. Fields that do not apply to a method are ignored.
 struct method_params {
@@ -22,6 +25,8 @@ struct method_params {
     double        beta         = 0.6;   // ECOKV: weight of rE in the redundancy lambda (Eq. 6)
     double        tau          = 0.0;   // ECOKV: temperature of rE; 0 takes sqrt(head_dim)
     centroid_kind centroid     = centroid_kind::all;
+    mixkv_scale_kind   mixkv_scale   = mixkv_scale_kind::attention;
+    ecokv_weights_kind ecokv_weights = ecokv_weights_kind::equations;
     double        floor_ratio  = -1.0;  // adakv 0.2, sparsemm 0.1, madakv 0.2 when negative
     int32_t       pyramid_beta = 20;    // PyramidKV: ratio of the largest to the smallest layer budget
     double        theta        = 0.9;   // MadaKV: attention mass a head's demand must cover

@@ -4,7 +4,8 @@
 //   rE = 2 - 2 sigmoid(DE / tau), lambda = beta rE + (1 - beta) rC,
 //   S = lambda * rescale(minmax(Sdiv), Simp) + (1 - lambda) * Simp.
 // Deliberate readings (SPEC §5.1): sC has the sign of a diversity (Alg. 1 step 3 lost its minus sign), and the
-// scaling uses the mean of minmax(Sdiv), the quantity actually rescaled. Default window 4.
+// scaling uses the mean of minmax(Sdiv), the quantity actually rescaled. Default window 4. --ecokv-weights figure3
+// takes alpha and beta as the cosine weights (Figure 3's text), the other reading SPEC §5.2 measured to matter.
 #include "common.h"
 
 #include <cmath>
@@ -13,8 +14,10 @@ namespace ecokv::scorers {
 namespace {
 class ecokv_scorer final : public scorer_i {
     void score(const head_input & in, std::span<double> out) const override {
-        const double alpha = in.params.alpha;
-        const double beta  = in.params.beta;
+        // Figure 3's reading (SPEC §5.2): alpha and beta weight the cosine terms, the Euclidean ones the rest.
+        const bool   eq    = in.params.ecokv_weights == ecokv_weights_kind::equations;
+        const double alpha = eq ? in.params.alpha : 1.0 - in.params.alpha;
+        const double beta  = eq ? in.params.beta : 1.0 - in.params.beta;
         const double tau   = in.params.tau > 0 ? in.params.tau : std::sqrt(double(in.cap.head_dim));
 
         const std::vector<double>   simp = importance(in, attention(in));

@@ -2,6 +2,7 @@
 // arXiv:2510.20707. SPEC §4-§5: S = rC * sC + (1 - rC) * (a + sV), sC = rescale(minmax(-c), a).
 // Reference: mixkv_utils.py headwisemixkv L321-376. Deviation: rC is computed online per head and sample
 // (the GUI-grounding fork, sparsemm_utils.py L360) instead of the official repo's static Qwen2-VL table.
+// --mixkv-scale importance matches sC to mean(Simp) instead, as ECOKV's App. A.1 writes it (SPEC §5.2).
 #include "common.h"
 
 namespace ecokv::scorers {
@@ -16,7 +17,7 @@ class mixkv final : public scorer_i {
             neg_c[j] = -g.cos_mu[j];
         }
         std::vector<double> sc = kernels::minmax(neg_c);
-        kernels::rescale(sc, a);
+        kernels::rescale(sc, in.params.mixkv_scale == mixkv_scale_kind::attention ? a : simp);
         for (size_t j = 0; j < sc.size(); ++j) {
             out[j] = g.rc * sc[j] + (1.0 - g.rc) * simp[j];
         }

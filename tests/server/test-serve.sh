@@ -55,6 +55,17 @@ expect 400 "a budget below the window" '{"kv_compression": {"budget": 2, "window
 expect 400 "an unknown method option" '{"kv_compression": {"bugdet": 8}, "messages": [{"role": "user", "content": "hi"}]}'
 expect 400 "head scores from a client" '{"kv_compression": {"head_scores": "/etc/passwd"}, "messages": [{"role": "user", "content": "hi"}]}'
 expect 200 "the next request is served" "$(img "$png")"
+# Chunked prefill (kv_compression.chunk) of two pages: the answer of `ecokv run --chunk` on the same prompt, and
+# a chunk not larger than the window refused.
+two() { echo "{\"max_tokens\":16,\"kv_compression\":{\"chunk\":$1,\"budget\":64,\"window\":8},\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,$png\"}},{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,$png\"}},{\"type\":\"text\",\"text\":\"What is the TOTAL?\"}]}]}"; }
+expect 400 "a chunk not larger than the window" "$(two 8)"
+served=$(curl -s -H 'Content-Type: application/json' --data-binary "$(two 64)" "$URL/v1/chat/completions" |
+         python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])')
+ran=$("$ECOKV" run --image "$ROOT/models/tiny-vlm-sample.png" --image "$ROOT/models/tiny-vlm-sample.png" \
+      --question "What is the TOTAL?" -m snapkv+ecokv -b 64 --window 8 --chunk 64 -n 16 --json 2>/dev/null |
+      python3 -c 'import json, sys; print(json.load(sys.stdin)["text"])')
+[[ "$served" == "$ran" ]] || { echo "not ok - chunked answer: served '$served', ecokv run '$ran'"; exit 1; }
+echo "ok - a chunked conversation answers as ecokv run --chunk ('$served')"
 status=$(curl -s -o /dev/null -w '%{http_code}' "$URL/nosuch"); [[ $status == 404 ]] && echo "ok - unknown endpoint (404)"
 status=$(curl -s -o "$DIR/out" -w '%{http_code}' --data-binary "$(img "$png")" "$URL/v1/chat/completions")  # no JSON type
 [[ $status == 413 ]] && grep -q 'application/json' "$DIR/out" || { echo "not ok - form-encoded body: $status"; exit 1; }

@@ -2,6 +2,7 @@
 
 #include "ecokv/error.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 
@@ -24,6 +25,8 @@ void add_method_options(cxxopts::Options & options, const char * default_method)
         ("beta", "ECOKV: rE weight in the redundancy", cxxopts::value<double>()->default_value("0.6"))
         ("tau", "ECOKV: rE temperature (0: sqrt(head_dim))", cxxopts::value<double>()->default_value("0"))
         ("centroid", "ECOKV/MixKV/KeyDiff centroid over: all or prefix", cxxopts::value<std::string>()->default_value("all"))
+        ("mixkv-scale", "MixKV: diversity matched to mean attention (the official code) or to mean importance (ECOKV App. A.1): attention or importance", cxxopts::value<std::string>()->default_value("attention"))
+        ("ecokv-weights", "ECOKV: alpha and beta weight the Euclidean terms (Eq. 3/6) or the cosine ones (Figure 3's text): equations or figure3", cxxopts::value<std::string>()->default_value("equations"))
         ("floor-ratio", "AdaKV/MadaKV floor (0.2), SparseMM uniform part (0.1)", cxxopts::value<double>())
         ("pyramid-beta", "PyramidKV shape", cxxopts::value<int32_t>()->default_value(std::to_string(d.pyramid_beta)))
         ("theta", "MadaKV: attention mass a head's demand covers", cxxopts::value<double>()->default_value("0.9"))
@@ -69,6 +72,16 @@ method_params method_params_from(const cxxopts::ParseResult & args) {
         throw error("--centroid must be all or prefix, not '" + centroid + "'");
     }
     p.centroid = centroid == "all" ? centroid_kind::all : centroid_kind::prefix;
+    const std::string scale = args["mixkv-scale"].as<std::string>();
+    if (scale != "attention" && scale != "importance") {
+        throw error("--mixkv-scale must be attention or importance, not '" + scale + "'");
+    }
+    p.mixkv_scale = scale == "attention" ? mixkv_scale_kind::attention : mixkv_scale_kind::importance;
+    const std::string weights = args["ecokv-weights"].as<std::string>();
+    if (weights != "equations" && weights != "figure3") {
+        throw error("--ecokv-weights must be equations or figure3, not '" + weights + "'");
+    }
+    p.ecokv_weights = weights == "equations" ? ecokv_weights_kind::equations : ecokv_weights_kind::figure3;
     if (args.count("floor-ratio")) {
         p.floor_ratio = args["floor-ratio"].as<double>();
         if (p.floor_ratio < 0) {
@@ -126,13 +139,33 @@ void reject_positional(const cxxopts::ParseResult & args) {
     }
 }
 
+namespace {
+
+// A message cut to about n bytes in its middle ("Option 'xxx...xxx' does not exist"): cxxopts quotes an unknown
+// option whole, however long. Cuts fall on UTF-8 character boundaries.
+std::string shortened(std::string m, size_t n) {
+    if (m.size() <= n) {
+        return m;
+    }
+    auto boundary = [&](size_t i) {
+        while (i > 0 && i < m.size() && (uint8_t(m[i]) & 0xC0) == 0x80) {
+            --i;
+        }
+        return i;
+    };
+    const size_t head = boundary(n * 2 / 3), tail = boundary(m.size() - n / 3);
+    return m.substr(0, head) + "..." + m.substr(tail);
+}
+
+}  // namespace
+
 int run_command(const char * name, const std::function<int()> & body) {
     try {
         return body();
     } catch (const error & e) {
         std::fprintf(stderr, "ecokv %s: error: %s\n", name, e.what());
     } catch (const cxxopts::exceptions::exception & e) {
-        std::fprintf(stderr, "ecokv %s: error: %s (see --help)\n", name, e.what());
+        std::fprintf(stderr, "ecokv %s: error: %s (see --help)\n", name, shortened(e.what(), 160).c_str());
     } catch (const std::exception & e) {
         std::fprintf(stderr, "ecokv %s: error: %s\n", name, e.what());
     }

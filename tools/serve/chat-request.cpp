@@ -218,7 +218,7 @@ json error_body(const request_error & e) {
 
 compression resolve_compression(const chat_request & r, const compression_defaults & o) {
     if (r.kv_compression_off || (!o.compress && !r.kv_compression)) {
-        return { false, {}, {}, "full" };
+        return { false, {}, {}, 0, "full" };
     }
     std::vector<std::string> args = { "kv_compression" };
     args.insert(args.end(), o.method_args.begin(), o.method_args.end());
@@ -246,6 +246,7 @@ compression resolve_compression(const chat_request & r, const compression_defaul
     }
     cxxopts::Options opts("kv_compression");
     tools::add_method_options(opts, "snapkv+ecokv");
+    opts.add_options()("chunk", "", cxxopts::value<int32_t>()->default_value(std::to_string(o.chunk)));
     compression c;
     try {
         const auto parsed = opts.parse(int(argv.size()), argv.data());
@@ -260,6 +261,10 @@ compression resolve_compression(const chat_request & r, const compression_defaul
             throw bad_request("kv_compression.method", c.spec.name() + " needs head scores: start the server with "
                                                                         "--head-scores");
         }
+        c.chunk = tools::int_in_range(parsed, "chunk", 0, 1 << 24);
+        if (c.chunk > 0) {
+            check_chunk(c.spec, c.params, c.chunk);
+        }
     } catch (const cxxopts::exceptions::exception & e) {
         throw bad_request("kv_compression", std::string("kv_compression: ") + e.what());
     } catch (const ecokv::error & e) {
@@ -269,6 +274,7 @@ compression resolve_compression(const chat_request & r, const compression_defaul
     for (size_t i = 1; i < args.size(); ++i) {
         c.key += args[i] + " ";
     }
+    c.key += "chunk=" + std::to_string(c.chunk);  // the server's --chunk is not among the method flags
     return c;
 }
 

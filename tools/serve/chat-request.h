@@ -50,6 +50,7 @@ struct compression {
     bool          on = false;
     method_spec   spec;
     method_params params;
+    int32_t       chunk = 0;  // chunked prefill of the context, cells per chunk (0: one shot)
     std::string   key;  // identity: conversations kept under another compression are not continued
 };
 
@@ -58,6 +59,7 @@ struct compression_defaults {
     std::vector<std::string> method_args;   // the server's method flags (--method X --budget N ...)
     bool                     compress = true;  // false: full caches unless a request asks
     std::string              head_scores;   // SparseMM head scores (server side only)
+    int32_t                  chunk = 0;     // the server's --chunk (a request's kv_compression.chunk overrides it)
 };
 
 // The server's flags, then the request's kv_compression fields on top, validated as `ecokv run` validates its

@@ -57,6 +57,9 @@ int ecokv_serve(int argc, char ** argv) {
             ("cache-mib", "memory for kept conversations, least recently used evicted first", cxxopts::value<int32_t>()->default_value("256"))
             ("max-tokens", "tokens generated when a request gives no max_tokens", cxxopts::value<int32_t>()->default_value("128"))
             ("full", "keep full caches unless a request asks for kv_compression")
+            ("chunk", "prefill a conversation's context N cells at a time, compressing after each chunk, so that its "
+                "cache never holds more than the budget plus one chunk per head (0: the whole context, then compress; "
+                "a request's kv_compression.chunk overrides it)", cxxopts::value<int32_t>()->default_value("0"))
             ("model-name", "the name /v1/models lists (default: the model file's name)", cxxopts::value<std::string>())
             ("t,threads", "CPU threads per request", cxxopts::value<int32_t>()->default_value("0"))
             ("verbose", "show llama.cpp's log")
@@ -79,10 +82,14 @@ int ecokv_serve(int argc, char ** argv) {
         so.kv.compress    = args.count("full") == 0;
         so.kv.method_args = method_flags(argc, argv);
         so.kv.head_scores = args.count("head-scores") ? args["head-scores"].as<std::string>() : "";
+        so.kv.chunk       = ecokv::tools::int_in_range(args, "chunk", 0, 1 << 24);
         {  // the server's own method options are checked now, as a request without kv_compression would use them
             const ecokv::method_spec   spec = ecokv::parse_method(args["method"].as<std::string>());
             ecokv::method_params       p    = ecokv::tools::method_params_from(args);
             p.validate(ecokv::method_window(spec, p));
+            if (so.kv.chunk > 0) {
+                ecokv::check_chunk(spec, p, so.kv.chunk);
+            }
         }
 
         const bool          bundled = args.count("model") == 0;

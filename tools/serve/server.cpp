@@ -314,11 +314,16 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
                     before.units().begin();
         }
         const int32_t context_cells = p->cells_before(split);
+        const int32_t n_extra       = t->prompt_cells - context_cells + r.max_tokens;
         const bool    compress      = c.on && context_cells > c.params.budget;
-        t->seq.emplace(s_.prefill(*p, t->prompt_cells - context_cells + r.max_tokens,
-                                  compress ? requirements(c.spec, c.params) : method_requirements{}, split));
-        if (compress) {
-            t->seq->compress_in_place(c.spec, c.params);
+        if (compress && c.chunk > 0) {  // the cache never holds more than the budget plus one chunk
+            t->seq.emplace(s_.prefill_chunked(*p, c.chunk, c.spec, c.params, n_extra, split));
+        } else {
+            t->seq.emplace(s_.prefill(*p, n_extra, compress ? requirements(c.spec, c.params) : method_requirements{},
+                                      split));
+            if (compress) {
+                t->seq->compress_in_place(c.spec, c.params);
+            }
         }
         if (split < units.size()) {
             t->seq->append(*p, split);

@@ -169,10 +169,11 @@ class session {
     // padding): chunks of at most n_chunk cells (an image is never split; a chunk not longer than the method's
     // window joins the next one, or the last the one before), the first prefilled and compressed in place, every next one decoded into the room of the
     // compressed cache and the cache compressed again over what each head keeps and the chunk (sequence::extend()).
-    // Positions are the prompt's own. Room is left for n_extra new tokens. Throws ecokv::error for a chunk not larger
-    // than the window, or a method that needs every prompt query (h2o).
+    // Positions are the prompt's own. Room is left for n_extra new tokens. Only the first n_units units of the prompt
+    // when given (append() the rest later). Throws ecokv::error for a chunk not larger than the window, or a method
+    // that needs every prompt query (h2o).
     sequence prefill_chunked(const prompt & p, int32_t n_chunk, const method_spec & spec, const method_params & params,
-                             int32_t n_extra) const;
+                             int32_t n_extra, size_t n_units = size_t(-1)) const;
 
   private:
     friend class sequence;
@@ -199,7 +200,7 @@ class sequence {
     int32_t                      n_prompt() const;
     int32_t                      n_media() const;
     const std::vector<uint8_t> & modality() const;
-    double                       prefill_seconds() const;
+    double                       prefill_seconds() const;  // chunked: every chunk's decode, compressions not included
 
     // The prefill as an ecokv capture (SPEC §7): keys and values are views of the prompt's cells in the cache (tokens
     // decoded since are left out); queries from the capture. Only for a prefilled sequence with a capture.
@@ -215,7 +216,9 @@ class sequence {
     // compress() in this sequence's own context, with room for the n_extra tokens prefill() was given: the full cache
     // is freed as soon as the kept entries are written, so memory peaks at the full cache plus the kept entries.
     void     compress_in_place(const method_spec & spec, const method_params & params);
-    const compression_info & compression() const;  // empty selection for an uncompressed sequence
+    // Empty selection for an uncompressed sequence; after a chunked prefill, the last selection and the seconds of
+    // every chunk's compression.
+    const compression_info & compression() const;
     // Chunked prefill: decodes units [from, to) of `p` into the room of this compressed sequence (made by
     // compress_in_place or extend, nothing decoded since) with their queries captured, then compresses in place again
     // over what each KV head keeps and the new cells, whose last queries are the window, leaving room for n_room
