@@ -296,6 +296,53 @@ void check_uniform_selection(const json & j, const std::string & method, int32_t
     }
 }
 
+// ecokv analyze on the fixture capture: one entry per (layer, KV head); the pairwise mean cosine over every key equals
+// rC, computed by the kernel from the normalised keys' mean; the window is kept by every head; bad input refused.
+TEST(cli, analyze_writes_the_analysis) {
+    cli_fixture      fx;
+    const run_result r = fx.run({ "analyze", "-i", fx.capture, "-m", "snapkv+ecokv", "-b", "40", "--bins", "8",
+                                  "--out", fx.out + "/an", "-t", "2" });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_TRUE(contains(r.out, "layer  mean cos")) << describe(r);
+    const json a = json::parse(read_file(fx.out + "/an/analysis.json"));
+    EXPECT_EQ(a["n_tokens"], k_tokens);
+    EXPECT_EQ(a["method"], "uniform+ecokv");
+    ASSERT_EQ(a["heads"].size(), size_t(k_layers * k_kv_heads));
+    ASSERT_EQ(a["layers"].size(), size_t(k_layers));
+    for (const json & h : a["heads"]) {
+        EXPECT_EQ(h["n_pair_keys"], k_tokens);
+        EXPECT_NEAR(h["r_c"].get<double>(), h["pair_cos_mean"].get<double>(), 1e-6);
+        double total = 0;
+        for (const json & b : h["cos_hist"]) {
+            total += b.get<double>();
+        }
+        EXPECT_NEAR(total, 1.0, 1e-12);
+        EXPECT_EQ(h["cos_hist"].size(), 8u);
+    }
+    ASSERT_EQ(a["recent_kept"].size(), 32u);
+    for (size_t i = 28; i < 32; ++i) {  // ECOKV's window of 4
+        EXPECT_EQ(a["recent_kept"][i], 1.0) << i;
+    }
+    double kept = 0;  // every head keeps exactly its budget of 40
+    for (const json & k : a["kept_share"]) {
+        kept += k.get<double>();
+    }
+    EXPECT_NEAR(kept, 40.0, 1e-9);
+
+    const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+        { { "analyze", "-i", fx.capture, "-m", "snapkv" }, "--out" },
+        { { "analyze", "-i", fx.in + "/none.safetensors", "--out", fx.out + "/x" }, "none.safetensors" },
+        { { "analyze", "-i", fx.capture, "--bins", "0", "--out", fx.out + "/x" }, "--bins 0" },
+        { { "analyze", "-i", fx.capture, "-m", "nosuch", "--out", fx.out + "/x" }, "nosuch" },
+    };
+    for (const auto & [args, message] : bad) {
+        const run_result e = fx.run(args);
+        EXPECT_EQ(e.code, 1) << describe(e);
+        EXPECT_TRUE(contains(e.err, message)) << message << "\n" << describe(e);
+    }
+    EXPECT_FALSE(fs::exists(fx.out + "/x"));
+}
+
 TEST(cli, compress_writes_the_selection) {
     cli_fixture fx;
     struct ok_case {

@@ -3,6 +3,7 @@
 #include "kernels/kernels.h"
 #include "method-impl.h"
 #include "select.h"
+#include "test-capture-util.h"
 
 #include <gtest/gtest.h>
 
@@ -18,20 +19,7 @@ namespace {
 using ecokv::capture_view;
 using ecokv::tensor_view;
 
-// A one-layer capture over caller-owned F32 arrays.
-capture_view make_capture(int32_t n_heads, int32_t n_kv_heads, int32_t d, int32_t t, int32_t nq,
-                          const std::vector<float> & keys, const std::vector<float> & values,
-                          const std::vector<float> & queries) {
-    capture_view c;
-    c.n_layers = 1, c.n_heads = n_heads, c.n_kv_heads = n_kv_heads, c.head_dim = d, c.head_dim_v = d;
-    c.n_tokens = t, c.n_queries = nq;
-    ecokv::layer_capture lc;
-    lc.keys    = tensor_view::packed(keys.data(), ecokv::dtype::f32, { n_kv_heads, t, d });
-    lc.values  = tensor_view::packed(values.data(), ecokv::dtype::f32, { n_kv_heads, t, d });
-    lc.queries = tensor_view::packed(queries.data(), ecokv::dtype::f32, { n_heads, nq, d });
-    c.layers.push_back(lc);
-    return c;
-}
+using ecokv::test::make_capture;
 
 TEST(window_attention, causal_mask_and_group_mean_by_hand) {
     // Keys k0=(1,0) k1=(0,1) k2=(0,0) k3=(1,1); window N=2 (tokens 2, 3), D=2 so logits are q.k/sqrt(2).

@@ -1,6 +1,7 @@
 // ecokv: umbrella header of the core library (no engine dependency).
 #pragma once
 
+#include "ecokv/analysis.h"
 #include "ecokv/capture.h"
 #include "ecokv/compress.h"
 #include "ecokv/error.h"

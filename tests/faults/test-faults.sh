@@ -21,6 +21,19 @@ fails=0
 ok() { echo "ok - $1"; }
 bad() { echo "FAIL - $1"; fails=$((fails + 1)); }
 as_user() { if [[ $(id -u) == 0 ]]; then setpriv --reuid=nobody --regid=nogroup --clear-groups -- "$@"; else "$@"; fi; }
+# nobody may not reach the build tree (a checkout under a private directory, as mktemp -d makes): as root, the binary,
+# its libraries and the models it reads are copied into $DIR (755) and found there.
+if [[ $(id -u) == 0 ]]; then
+    mkdir -p "$DIR/bin" "$DIR/models"
+    cp "$E" "$DIR/bin/"
+    for lib in $(ldd "$E" | awk '$3 ~ /^\// && $1 ~ /^lib(llama|ggml|mtmd)/ { print $3 }'); do
+        cp "$lib" "$DIR/bin/$(basename "$lib")"
+    done
+    cp "$M/stories260K.gguf" "$M/tiny-vlm.gguf" "$M/tiny-vlm-mmproj.gguf" "$M/tiny-vlm-sample.png" "$DIR/models/"
+    E=$DIR/bin/$(basename "$E")
+    M=$DIR/models
+    export LD_LIBRARY_PATH="$DIR/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 
 # A command must exit 1 naming $path, and leave no file in $where (eval: its directory, its lock, a whole config.json
 # and whole records only, which a resume continues).

@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 
+int ecokv_analyze(int argc, char ** argv);
 int ecokv_compress(int argc, char ** argv);
 int ecokv_synth_capture(int argc, char ** argv);
 int ecokv_metric(int argc, char ** argv);
@@ -30,6 +31,7 @@ const command k_commands[] = {
 #endif
     { "report",        "merge eval results into a methods x budgets table (Markdown, CSV, JSON)", ecokv_report },
     { "compress",      "select the kept KV entries of a capture with any method", ecokv_compress },
+    { "analyze",       "the ECOKV paper's analyses of a capture: key geometry, redundancy, what a method keeps", ecokv_analyze },
     { "synth-capture", "write a realistic random capture (demos, tests, benchmarks)", ecokv_synth_capture },
     { "metric",        "score predictions with a benchmark's official metric", ecokv_metric },
 };
