@@ -103,6 +103,10 @@ capture_analysis analyze(const capture_view & cap, const method_spec & spec, con
     out.sel = compress(cap, spec, params, { o.n_threads });  // validates the capture, the params and finiteness
 
     const int32_t n_window = method_window(spec, params);
+    if (n_window > cap.n_queries) {  // compress() checks it only for the methods that read window queries
+        throw error("analyze: the window of " + std::to_string(n_window) + " needs as many captured queries; the "
+                    "capture holds " + std::to_string(cap.n_queries));
+    }
     if (cap.n_tokens <= n_window + 1) {
         throw error("analyze: the prompt has " + std::to_string(cap.n_tokens) + " tokens; at least " +
                     std::to_string(n_window + 2) + " are needed to rank the prefix before the window of " +

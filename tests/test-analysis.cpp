@@ -76,7 +76,7 @@ TEST(analysis, pairwise_key_geometry_by_hand) {
     EXPECT_GE(h.spearman, -1.0);
     EXPECT_LE(h.spearman, 1.0);
 
-    // Four evenly spaced keys (k0, k2, k4, k6: two right angles apart) give cosines 0, -1, 0, 0, -1, 0.
+    // Four evenly spaced keys (k0, k2, k4, k6: a right angle apart) give cosines 0, -1, 0, 0, -1, 0.
     o.max_pair_keys                  = 4;
     const ecokv::head_analysis four = ecokv::analyze(cap, ecokv::parse_method("snapkv"), p, o).heads[0];
     EXPECT_EQ(four.n_pair_keys, 4);
@@ -120,6 +120,12 @@ TEST(analysis, bad_input_is_refused) {
     o.n_bins = 0;
     EXPECT_NE(error_of([&] { ecokv::analyze(cap, ecokv::parse_method("snapkv"), p, o); }), "");
     EXPECT_NE(error_of([&] { ecokv::analyze(cap, ecokv::parse_method("nosuch"), p); }), "");
+    // A method that reads no queries, with a window larger than the queries captured.
+    const std::vector<float> two_queries(4, 0.5f);
+    const ecokv::capture_view short_cap = make_capture(1, 1, 2, 8, 2, k_keys, values, two_queries);
+    p.window                            = 5;
+    EXPECT_NE(error_of([&] { ecokv::analyze(short_cap, ecokv::parse_method("manifoldkv"), p); }).find("holds 2"),
+              std::string::npos);
 }
 
 }  // namespace

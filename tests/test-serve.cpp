@@ -77,6 +77,14 @@ TEST(serve, kv_compression_chunk_is_resolved_over_the_server_flag) {
     EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", -1 } }), server); }), "kv_compression");
     EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", 96 }, { "method", "h2o" } }), server); }),
               "kv_compression");
+    // Inherited from the server, the refusal says where the chunk came from and how to do without it.
+    try {
+        resolve_compression(request({ { "method", "h2o" } }), server);
+        ADD_FAILURE() << "h2o chunked by the server's --chunk was accepted";
+    } catch (const request_error & e) {
+        EXPECT_NE(std::string(e.what()).find("the server's --chunk; send \"chunk\": 0"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(resolve_compression(request({ { "method", "h2o" }, { "chunk", 0 } }), server).chunk, 0);
 }
 
 TEST(serve, requests_are_read_with_images_first) {

@@ -88,7 +88,7 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
     compressed_cache out;
     auto             t0 = std::chrono::steady_clock::now();
     try {
-        out.sel = compress(state.view(), spec, params);
+        out.sel = compress(state.view(), spec, params, { int32_t(cparams.n_threads) });  // the context's threads
     } catch (const non_finite_error & e) {
         throw non_finite_error("the model '" + state.view().model + "' computed NaN or infinite values in its prefill (" +
                                e.what() + "): are its weights corrupt?");

@@ -853,7 +853,7 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
     }
     compression_info info;
     auto             t0 = std::chrono::steady_clock::now();
-    info.sel            = q.naming_model([&] { return ecokv::compress(cap, spec, params); });
+    info.sel            = q.naming_model([&] { return ecokv::compress(cap, spec, params, { int32_t(q.cparams.n_threads) }); });
     info.select_seconds = seconds_since(t0);
     t0                  = std::chrono::steady_clock::now();
     const uint64_t before = kv_bytes_allocated();

@@ -123,7 +123,7 @@ int ecokv_analyze(int argc, char ** argv) {
         params.validate(ecokv::method_window(spec, params));
         ecokv::analysis_options o;
         o.n_bins        = ecokv::tools::int_in_range(args, "bins", 1, 1000);
-        o.max_pair_keys = ecokv::tools::int_in_range(args, "max-pair-keys", 2, 1 << 20);
+        o.max_pair_keys = ecokv::tools::int_in_range(args, "max-pair-keys", 2, 16384);  // n^2 / 2 dot products per head
         o.n_threads     = ecokv::tools::threads_from(args);
 
         const std::string          input = args["input"].as<std::string>();

@@ -263,7 +263,13 @@ compression resolve_compression(const chat_request & r, const compression_defaul
         }
         c.chunk = tools::int_in_range(parsed, "chunk", 0, 1 << 24);
         if (c.chunk > 0) {
-            check_chunk(c.spec, c.params, c.chunk);
+            try {
+                check_chunk(c.spec, c.params, c.chunk);
+            } catch (const ecokv::error & e) {  // the client may not know the server chunks by default
+                const bool asked = r.kv_compression && r.kv_compression->contains("chunk");
+                throw ecokv::error(std::string(e.what()) + (asked ? "" : " (the server's --chunk; send \"chunk\": 0 "
+                                                                          "for a one-shot compression)"));
+            }
         }
     } catch (const cxxopts::exceptions::exception & e) {
         throw bad_request("kv_compression", std::string("kv_compression: ") + e.what());
