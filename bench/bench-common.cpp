@@ -71,6 +71,17 @@ void add_model_options(cxxopts::Options & spec) {
     // clang-format on
 }
 
+int run_main(const char * name, const std::function<int()> & body) {
+    try {
+        return body();
+    } catch (const cxxopts::exceptions::exception & e) {
+        std::fprintf(stderr, "%s: error: %s (see --help)\n", name, e.what());
+    } catch (const std::exception & e) {
+        std::fprintf(stderr, "%s: error: %s\n", name, e.what());
+    }
+    return 1;
+}
+
 std::optional<cxxopts::ParseResult> parse_bench_options(cxxopts::Options & spec, int argc, char ** argv) {
     // clang-format off
     spec.add_options()

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,10 @@ constexpr int32_t k_n_ctx_train = 32768;  // the model's context (Qwen2-VL-2B)
 // --kv-heads --ff --vocab), with model_shape's defaults.
 void        add_model_options(cxxopts::Options & spec);
 model_shape read_model_options(const cxxopts::ParseResult & args);  // checked: whole heads, an even head_dim
+
+// A bench's main: body()'s exit status, or 1 after "NAME: error: ..." on stderr (with "(see --help)" for a bad
+// command line).
+int run_main(const char * name, const std::function<int()> & body);
 
 // What every bench prints and how: --json, --json-file, --verbose.
 struct output_options {

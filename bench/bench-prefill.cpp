@@ -196,13 +196,8 @@ int run(const options & o) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    try {
+    return run_main("bench-prefill", [&] {
         const std::optional<options> o = parse_options(argc, argv);
         return o ? run(*o) : 0;
-    } catch (const cxxopts::exceptions::exception & e) {
-        std::fprintf(stderr, "bench-prefill: error: %s (see --help)\n", e.what());
-    } catch (const std::exception & e) {
-        std::fprintf(stderr, "bench-prefill: error: %s\n", e.what());
-    }
-    return 1;
+    });
 }
