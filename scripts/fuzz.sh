@@ -54,6 +54,10 @@ for t in "${TARGETS[@]}"; do
         status=1
     fi
     grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss|ERROR|SUMMARY" "$log" | tail -5
-    ls $B/crashes/$t/ 2>/dev/null | grep -q . && { echo "$t: crashes in $B/crashes/$t (log $log)"; status=1; }
+    # libFuzzer also leaves slow-unit-* files (a unit over 10 s, under the 20 s timeout): on a shared machine a stall
+    # makes them (a 0.05 s unit took 14 s once), so they are reported, not failed; timeout-* files still fail.
+    ls $B/crashes/$t/ 2>/dev/null | grep -q '^slow-unit-' && echo "$t: slow units (not failures) in $B/crashes/$t"
+    ls $B/crashes/$t/ 2>/dev/null | grep -v '^slow-unit-' | grep -q . &&
+        { echo "$t: crashes in $B/crashes/$t (log $log)"; status=1; }
 done
 exit $status
