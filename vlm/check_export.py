@@ -25,6 +25,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_docs  # noqa: E402
+import gen_pages  # noqa: E402
+import qwen2vl  # noqa: E402
 from model import BOS, Config, TinyVLM, encode, rope, rope_tables  # noqa: E402
 
 
@@ -70,24 +72,26 @@ def main():
     ap.add_argument("--tol", type=float, default=2e-3, help="largest relative RMS error accepted")
     a = ap.parse_args()
     ck = torch.load(a.checkpoint, map_location="cpu")
-    model = TinyVLM(Config(**ck["config"]))
+    is_qwen = "rope_sections" in ck["config"]  # tiny-qwen2vl (train_qwen2vl.py) or tiny-vlm (train.py)
+    model = (qwen2vl.TinyQwen2VL(qwen2vl.Config(**ck["config"])) if is_qwen else TinyVLM(Config(**ck["config"])))
     model.load_state_dict(ck["model"])
     model.eval()
     worst, worst_max = 0.0, 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(a.items):
-            it = gen_docs.item(seed, "qa")
+            it = (gen_pages if is_qwen else gen_docs).item(seed, "qa")
             png, cap = os.path.join(tmp, "page.png"), os.path.join(tmp, "capture.safetensors")
             with open(png, "wb") as f:
-                f.write(gen_docs.png_bytes(it["images"][0]))
+                f.write((gen_pages if is_qwen else gen_docs).png_bytes(it["images"][0]))
             text = "Read all text."
             r = subprocess.run([a.ecokv, "run", "--model", a.prefix + ".gguf", "--mmproj", a.prefix + "-mmproj.gguf",
                                 "--image", png, "-p", text, "--method", "snapkv", "--budget", "100000", "-n", "1",
-                                "--dump-capture", cap], capture_output=True, text=True)
+                                "--dump-capture", cap], capture_output=True, text=True, errors="replace")
             if r.returncode != 0:
                 sys.exit(f"ecokv run failed:\n{r.stderr}")
             got = read_safetensors(cap)
-            for layer, (k, v) in enumerate(torch_kv(model, it["images"][0], text)):
+            ref_kv = model.cache(it["images"], text) if is_qwen else torch_kv(model, it["images"][0], text)
+            for layer, (k, v) in enumerate(ref_kv):
                 for name, ref in (("keys", k), ("values", v)):
                     cached = got[f"layers.{layer}.{name}"].astype(np.float32)
                     if cached.shape != ref.shape:

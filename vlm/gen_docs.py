@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import re
 import struct
 import sys
 import tempfile
@@ -76,35 +77,35 @@ def form_value(rng, label):
     return str(rng.randint(0, 10 ** rng.randint(1, 5) - 1))
 
 
-# --- layouts: each returns (rows, fields); rows are <= GRID strings of <= GRID chars, fields
-# (label, value, question, type) ---------------------------------------------------------------------------
-def receipt(rng, n_fields):
+# --- layouts: each returns (rows, fields); rows are strings of <= width chars (width: GRID here, wider in
+# gen_pages.py), fields (label, value, question, type) ----------------------------------------------------------
+def receipt(rng, n_fields, width=GRID):
     n_items = max(1, n_fields - 2)
     labels = rng.sample(ITEMS, n_items)
     rows, fields = [], []
     if rng.random() < 0.8:
         title = rng.choice(TITLES)
         title = title + str(rng.randint(1, 99)) if title.endswith("#") else title
-        rows.append(title.center(GRID).rstrip() if rng.random() < 0.5 else title)
+        rows.append(title.center(width).rstrip() if rng.random() < 0.5 else title)
         if rng.random() < 0.5:
             rows.append("")
     cents = 0
     for label in labels:
         value = price(rng)
         cents += round(float(value) * 100)
-        rows.append(label + value.rjust(GRID - len(label)))
+        rows.append(label + value.rjust(width - len(label)))
         fields.append((label, value, f"What is the {label}?", "receipt-field"))
     tax = round(cents * rng.choice([5, 7, 8, 10]) / 100)
     extra = [("TAX", f"{tax // 100}.{tax % 100:02d}"), ("TOTAL", f"{(cents + tax) // 100}.{(cents + tax) % 100:02d}")]
     if rng.random() < 0.6:
-        rows.append("-" * GRID)
+        rows.append("-" * width)
     for label, value in extra[2 - (n_fields - n_items):]:  # 1 field: an item; 2: item + TOTAL; more: + TAX
-        rows.append(label + value.rjust(GRID - len(label)))
+        rows.append(label + value.rjust(width - len(label)))
         fields.append((label, value, f"What is the {label}?", "receipt-field"))
     return rows, fields
 
 
-def form(rng, n_fields):
+def form(rng, n_fields, width=GRID):
     labels = rng.sample(FORM_LABELS, n_fields)
     sep = rng.choice([": ", " ", ":"])
     indent = " " * rng.choice([0, 0, 1])
@@ -114,7 +115,7 @@ def form(rng, n_fields):
         if rng.random() < 0.5:
             rows.append("")
     for label in labels:
-        value = form_value(rng, label)[: GRID - len(indent) - len(label) - len(sep)]
+        value = form_value(rng, label)[: width - len(indent) - len(label) - len(sep)]
         rows.append(indent + label + sep + value)
         fields.append((label, value, f"What is the {label}?", "form-field"))
         if rng.random() < 0.15:
@@ -122,22 +123,22 @@ def form(rng, n_fields):
     return rows, fields
 
 
-def table(rng, n_fields):
+def table(rng, n_fields, width=GRID):
     n_cols = rng.choice([2, 3]) if n_fields >= 4 else 2
     n_rows = max(2, -(-n_fields // n_cols))
     starts = [1, 5, 9] if n_cols == 3 else rng.choice([[1, 7], [2, 8], [0, 6]])
-    width = 3 if n_cols == 3 else 4
+    digits = 3 if n_cols == 3 else 4
     rows, fields = [], []
     if rng.random() < 0.6:
         rows.append(rng.choice(["TABLE", "SCORES", "STOCK", "PRICES", "COUNTS"]) + f" {rng.randint(1, 9)}")
-    header = [" "] * GRID
+    header = [" "] * width
     for c, s in enumerate(starts):
         header[s] = "ABC"[c]
     rows.append("".join(header).rstrip())
     for r in range(n_rows):
-        line = [" "] * GRID
+        line = [" "] * width
         for c, s in enumerate(starts):
-            value = str(rng.randint(0, 10 ** rng.randint(1, width) - 1))
+            value = str(rng.randint(0, 10 ** rng.randint(1, digits) - 1))
             line[s: s + len(value)] = value
             fields.append((f"R{r + 1}C{c + 1}", value, f"What is in row {r + 1}, column {c + 1}?", "table-cell"))
         rows.append("".join(line).rstrip())
@@ -178,6 +179,32 @@ def render(page, rng):
 
 def transcript(page):
     return "\n".join(r.rstrip() for r in page if r.strip())
+
+
+def answer_cells(pages, question, answer):
+    """Where each answer character is printed: (page, row, column) per character, None for a newline (or where
+    the page does not show it). Read from the question and the page text, as a reader would."""
+    page = pages[0]
+    if question == "Read all text.":
+        cells = []
+        for r, row in enumerate(page):
+            if row.strip():
+                cells += ([None] if cells else []) + [(0, r, c) for c in range(len(row.rstrip()))]
+        return cells
+    if m := re.fullmatch(r"Read line (\d+)\.", question):
+        r = int(m[1]) - 1
+        c0 = len(page[r]) - len(page[r].lstrip())
+        return [(0, r, c0 + k) for k in range(len(answer))]
+    if m := re.fullmatch(r"What is in row (\d+), column (\d+)\?", question):
+        header = next(i for i, row in enumerate(page) if row.strip() and set(row) <= set("ABC "))
+        return [(0, header + int(m[1]), page[header].index("ABC"[int(m[2]) - 1]) + k) for k in range(len(answer))]
+    if m := re.fullmatch(r"What is the (\w+)\?", question):
+        for p, pg in enumerate(pages):
+            for r, row in enumerate(pg):
+                if re.match(r" *" + m[1] + r"[: ]", row) and row.rstrip().endswith(answer):
+                    c0 = len(row.rstrip()) - len(answer)
+                    return [(p, r, c0 + k) for k in range(len(answer))]
+    return [None] * len(answer)
 
 
 # --- items --------------------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ import json
 import math
 import os
 import random
-import re
 import signal
 import sys
 import time
@@ -54,32 +53,6 @@ def glyph_targets(page):
     return [encode(ch)[0] for row in page for ch in row]
 
 
-def answer_cells(pages, question, answer):
-    """Where each answer character is printed: (page, row, column) per character, None for a newline (or where
-    the page does not show it). Read from the question and the page text, as a reader would."""
-    page = pages[0]
-    if question == "Read all text.":
-        cells = []
-        for r, row in enumerate(page):
-            if row.strip():
-                cells += ([None] if cells else []) + [(0, r, c) for c in range(len(row.rstrip()))]
-        return cells
-    if m := re.fullmatch(r"Read line (\d+)\.", question):
-        r = int(m[1]) - 1
-        c0 = len(page[r]) - len(page[r].lstrip())
-        return [(0, r, c0 + k) for k in range(len(answer))]
-    if m := re.fullmatch(r"What is in row (\d+), column (\d+)\?", question):
-        header = next(i for i, row in enumerate(page) if row.strip() and set(row) <= set("ABC "))
-        return [(0, header + int(m[1]), page[header].index("ABC"[int(m[2]) - 1]) + k) for k in range(len(answer))]
-    if m := re.fullmatch(r"What is the (\w+)\?", question):
-        for p, pg in enumerate(pages):
-            for r, row in enumerate(pg):
-                if re.match(r" *" + m[1] + r"[: ]", row) and row.rstrip().endswith(answer):
-                    c0 = len(row.rstrip()) - len(answer)
-                    return [(p, r, c0 + k) for k in range(len(answer))]
-    return [None] * len(answer)
-
-
 def make_batch(items, n_patches, max_questions=1):
     """Token/target tensors. With max_questions > 1 an item asks up to that many of its questions in a row
     (answer, EOS, "\n", next question, ...): more supervised answers per image for the same compute."""
@@ -97,7 +70,7 @@ def make_batch(items, n_patches, max_questions=1):
             answer = encode(a) + [EOS]
             if len(answer) == len(a) + 1:  # one token per character: point each at its cell
                 n_grid = int(round(n_patches ** 0.5))
-                for i, cell in enumerate(answer_cells(it["pages"], q, a)):
+                for i, cell in enumerate(gen_docs.answer_cells(it["pages"], q, a)):
                     if cell is not None:
                         p, r, c = cell
                         pointers.append((row, len(seq) + i - 1, starts[p] + r * n_grid + c))

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Export a tiny-qwen2vl checkpoint (vlm/train_qwen2vl.py) to the two GGUF files llama.cpp 0.5.0 loads: the text
+model (arch qwen2vl) and the mmproj (arch clip, projector type qwen2vl_merger), with the pinned tree's gguf-py.
+
+  python3 vlm/export_qwen2vl.py vlm/runs/qwen1/ckpt.pt --out models/tiny-qwen2vl
+
+writes PREFIX.gguf and PREFIX-mmproj.gguf (F32; each through a temp file, renamed when complete).
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from export import f32, load_gguf_py, write  # noqa: E402
+from model import BOS, CLIP_MEAN, CLIP_STD, EOS, UNK  # noqa: E402
+from qwen2vl import Config, vocab  # noqa: E402
+
+
+def text_model(sd, c, name):
+    tokens, types = vocab()
+    kv = [
+        ("add_name", None, name),
+        ("add_context_length", None, c.n_ctx),
+        ("add_embedding_length", None, c.n_embd),
+        ("add_block_count", None, c.n_layer),
+        ("add_feed_forward_length", None, c.n_ff),
+        ("add_head_count", None, c.n_head),
+        ("add_head_count_kv", None, c.n_head_kv),
+        ("add_rope_dimension_count", None, c.n_embd // c.n_head),
+        ("add_rope_dimension_sections", None, list(c.rope_sections)),
+        ("add_rope_freq_base", None, c.rope_base),
+        ("add_layer_norm_rms_eps", None, c.rms_eps),
+        ("add_vocab_size", None, c.n_vocab),
+        ("add_file_type", None, 0),  # all F32
+        ("add_tokenizer_model", None, "llama"),
+        ("add_token_list", None, tokens),
+        ("add_token_scores", None, [0.0] * len(tokens)),
+        ("add_token_types", None, types),
+        ("add_bos_token_id", None, BOS),
+        ("add_eos_token_id", None, EOS),
+        ("add_unk_token_id", None, UNK),
+        ("add_add_bos_token", None, True),
+        ("add_add_eos_token", None, False),
+        ("add_add_space_prefix", None, False),
+    ]
+    t = [("token_embd.weight", f32(sd["tok.weight"]))]
+    for i in range(c.n_layer):
+        p, b = f"layers.{i}.", f"blk.{i}."
+        pairs = [("attn_norm.weight", "attn_norm.weight"), ("wq.weight", "attn_q.weight"), ("wq.bias", "attn_q.bias"),
+                 ("wk.weight", "attn_k.weight"), ("wk.bias", "attn_k.bias"), ("wv.weight", "attn_v.weight"),
+                 ("wv.bias", "attn_v.bias"), ("wo.weight", "attn_output.weight"),
+                 ("ffn_norm.weight", "ffn_norm.weight"), ("gate.weight", "ffn_gate.weight"),
+                 ("up.weight", "ffn_up.weight"), ("down.weight", "ffn_down.weight")]
+        t += [(b + dst, f32(sd[p + src])) for src, dst in pairs]
+    t += [("output_norm.weight", f32(sd["norm.weight"])), ("output.weight", f32(sd["out.weight"]))]
+    return kv, t
+
+
+def projector(sd, c, name):
+    kv = [
+        ("add_name", None, name),
+        ("add_bool", "clip.has_vision_encoder", True),
+        ("add_bool", "clip.has_audio_encoder", False),
+        ("add_string", "clip.projector_type", "qwen2vl_merger"),
+        ("add_bool", "clip.use_gelu", False),  # ViT MLP: quick GELU, as Qwen2-VL
+        ("add_uint32", "clip.vision.image_size", c.image_size),
+        ("add_uint32", "clip.vision.patch_size", c.patch_size),
+        ("add_uint32", "clip.vision.embedding_length", c.v_embd),
+        ("add_uint32", "clip.vision.feed_forward_length", c.v_ff),
+        ("add_uint32", "clip.vision.block_count", c.v_block),
+        ("add_uint32", "clip.vision.projection_dim", c.n_embd),
+        ("add_uint32", "clip.vision.attention.head_count", c.v_head),
+        ("add_float32", "clip.vision.attention.layer_norm_epsilon", c.v_eps),
+        ("add_array", "clip.vision.image_mean", list(CLIP_MEAN)),
+        ("add_array", "clip.vision.image_std", list(CLIP_STD)),
+    ]
+    v = "vision."
+    w = sd[v + "patch.weight"]
+    # Qwen2-VL's Conv3d over two frames becomes two Conv2d kernels summed over the same still image: all of the
+    # kernel in the first, zeros in the second.
+    t = [("v.patch_embd.weight", f32(w)), ("v.patch_embd.weight.1", f32(torch.zeros_like(w)))]
+    for i in range(c.v_block):
+        p, b = f"{v}blocks.{i}.", f"v.blk.{i}."
+        for src, dst in [("ln1", "ln1"), ("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_out"),
+                         ("ln2", "ln2"), ("up", "ffn_up"), ("down", "ffn_down")]:
+            t += [(b + dst + ".weight", f32(sd[p + src + ".weight"])), (b + dst + ".bias", f32(sd[p + src + ".bias"]))]
+    t += [("v.post_ln.weight", f32(sd[v + "post_ln.weight"])), ("v.post_ln.bias", f32(sd[v + "post_ln.bias"]))]
+    for k in ("0", "2"):
+        t += [(f"mm.{k}.weight", f32(sd[f"{v}mm{k}.weight"])), (f"mm.{k}.bias", f32(sd[f"{v}mm{k}.bias"]))]
+    return kv, t
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint")
+    ap.add_argument("--out", required=True, help="path prefix: writes PREFIX.gguf and PREFIX-mmproj.gguf")
+    ap.add_argument("--gguf-py", default=os.path.join(HERE, "..", "third_party", "llama.cpp", "gguf-py"))
+    ap.add_argument("--name", default="ecokv tiny-qwen2vl")
+    a = ap.parse_args()
+    gguf = load_gguf_py(a.gguf_py)
+    if not os.path.isfile(a.checkpoint):
+        sys.exit(f"export: {a.checkpoint}: no such checkpoint")
+    ck = torch.load(a.checkpoint, map_location="cpu")
+    c = Config(**ck["config"])
+    sd = ck["model"]
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    write(gguf, a.out + ".gguf", "qwen2vl", *text_model(sd, c, a.name))
+    write(gguf, a.out + "-mmproj.gguf", "clip", *projector(sd, c, a.name + " mmproj"))
+    print(f"wrote {a.out}.gguf and {a.out}-mmproj.gguf (step {ck['step']})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""The Qwen2-VL-style tiny VLM in PyTorch, computed exactly as llama.cpp 0.5.0 computes it (mtmd projector
+`qwen2vl_merger`, text arch `qwen2vl`).
+
+- Vision (tools/mtmd/models/qwen2vl.cpp): 4x4-pixel patches from a bias-free patch embedding (Qwen2-VL's Conv3d
+  over two identical frames; exported as two Conv2d kernels), no position embedding, pre-norm blocks with
+  LayerNorm, biased attention with 2-D rotary positions (ggml's GGML_ROPE_TYPE_VISION: the first half of the
+  rotated pairs turns with the patch row, the second with its column) and a quick-GELU MLP. Patches are ordered
+  in 2x2 groups, as the graph orders them.
+- Merger: LayerNorm (ln_q, v.post_ln), then each 2x2 group of patches concatenated -> Linear -> GELU (tanh form,
+  ggml_gelu) -> Linear into the text width: one image token per 8x8 pixels, as many as the image size gives.
+- Text (src/models/qwen2vl.cpp): Qwen2 (RMSNorm, Q/K/V with bias, GQA, SwiGLU, untied output) with M-RoPE:
+  rotated pairs (x[i], x[i + d/2]) split into sections of temporal / height / width positions (ggml's
+  GGML_ROPE_TYPE_MROPE). An image's tokens share the temporal position pos_0 and have height pos_0 + row and
+  width pos_0 + column; the image advances the position by max(rows, columns) (mtmd's MTMD_POS_TYPE_MROPE).
+"""
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model import CLIP_MEAN, CLIP_STD, N_BYTES, RMSNorm, attention
+from model import vocab as char_vocab
+
+K_BIAS_NORM = 2.0
+VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
+
+
+@dataclass
+class Config:
+    patch_size: int = 4
+    image_size: int = 160  # the default page's side in pixels (mtmd sizes images dynamically)
+    v_embd: int = 64  # one head: the ViT's attention over 1,600+ patches is most of a training step
+    v_head: int = 1
+    v_ff: int = 256
+    v_block: int = 2
+    v_eps: float = 1e-6
+    v_rope_base: float = 10000.0
+    n_embd: int = 128
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 384
+    n_layer: int = 4
+    rms_eps: float = 1e-6
+    rope_base: float = 10000.0
+    rope_sections: list = field(default_factory=lambda: [4, 6, 6, 0])  # pairs: temporal, height, width, extra
+    n_ctx: int = 4096
+    n_vocab: int = 0
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def vocab():
+    """The character vocabulary of tiny-vlm plus Qwen2-VL's two control tokens, which mtmd writes around every
+    image (llama.cpp's tokenizer matches control tokens as one piece)."""
+    tokens, types = char_vocab()
+    return tokens + [VISION_START, VISION_END], types + [3, 3]
+
+
+VISION_START_ID, VISION_END_ID = 3 + N_BYTES + 95, 3 + N_BYTES + 96
+assert vocab()[0][VISION_START_ID] == VISION_START and vocab()[0][VISION_END_ID] == VISION_END
+
+
+def rotate_half_pairs(x, angle):
+    """Rotate pairs (x[i], x[i + n]) by angle[..., i] for i < n = angle.shape[-1] (ggml's NEOX, MROPE and VISION
+    layouts); x (..., 2n), angle broadcastable to (..., n)."""
+    n = angle.shape[-1]
+    cos, sin = angle.cos(), angle.sin()
+    x0, x1 = x[..., :n], x[..., n: 2 * n]
+    return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos, x[..., 2 * n:]), -1)
+
+
+# --- vision ------------------------------------------------------------------------------------------------------
+def patch_positions(ph, pw):
+    """(row, column) of each patch in the graph's order: 2x2 groups in raster order of the groups."""
+    pos = [(y + dy, x + dx) for y in range(0, ph, 2) for x in range(0, pw, 2) for dy in (0, 1) for dx in (0, 1)]
+    return torch.tensor(pos, dtype=torch.float32)
+
+
+def vision_angles(ph, pw, d, base):
+    """(n_patches, d/2) rotation angles: pair k < d/4 turns by row * base^(-4k/d), pair d/4 + k by column *
+    base^(-4k/d) (ggml_rope_multi in VISION mode with n_dims d/2 and sections d/4: independent sections)."""
+    inv = base ** (-4.0 * torch.arange(d // 4, dtype=torch.float32) / d)
+    pos = patch_positions(ph, pw)
+    return torch.cat((pos[:, :1] * inv, pos[:, 1:] * inv), -1)
+
+
+class VitBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.n_head = c.v_head
+        self.ln1 = nn.LayerNorm(c.v_embd, eps=c.v_eps)
+        self.q = nn.Linear(c.v_embd, c.v_embd)
+        self.k = nn.Linear(c.v_embd, c.v_embd)
+        self.v = nn.Linear(c.v_embd, c.v_embd)
+        self.o = nn.Linear(c.v_embd, c.v_embd)
+        self.ln2 = nn.LayerNorm(c.v_embd, eps=c.v_eps)
+        self.up = nn.Linear(c.v_embd, c.v_ff)
+        self.down = nn.Linear(c.v_ff, c.v_embd)
+
+    def forward(self, x, angle):
+        b, n, e = x.shape
+        h = self.ln1(x)
+        split = lambda t: t.view(b, n, self.n_head, e // self.n_head).transpose(1, 2)  # noqa: E731
+        q, k = rotate_half_pairs(split(self.q(h)), angle), rotate_half_pairs(split(self.k(h)), angle)
+        a = attention(q, k, split(self.v(h)))
+        x = x + self.o(a.transpose(1, 2).reshape(b, n, e))
+        u = self.up(self.ln2(x))
+        return x + self.down(u * torch.sigmoid(1.702 * u))  # quick GELU (clip.use_gelu false)
+
+
+class Vision(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.patch = nn.Conv2d(3, c.v_embd, c.patch_size, c.patch_size, bias=False)
+        self.blocks = nn.ModuleList(VitBlock(c) for _ in range(c.v_block))
+        self.post_ln = nn.LayerNorm(c.v_embd, eps=c.v_eps)
+        self.mm0 = nn.Linear(4 * c.v_embd, 4 * c.v_embd)
+        self.mm2 = nn.Linear(4 * c.v_embd, c.n_embd)
+        self.register_buffer("mean", torch.tensor(CLIP_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(CLIP_STD).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, images):
+        """images: uint8 (B, H, W, 3), H and W multiples of 2 x patch_size, all the same size -> (B, H*W/(4p^2),
+        n_embd) image tokens in raster order of the merged grid."""
+        c = self.c
+        x = (images.permute(0, 3, 1, 2).float() / 255.0 - self.mean) / self.std
+        x = self.patch(x)  # (B, E, ph, pw)
+        b, e, ph, pw = x.shape
+        x = x.view(b, e, ph // 2, 2, pw // 2, 2).permute(0, 2, 4, 3, 5, 1).reshape(b, ph * pw, e)  # 2x2 groups
+        angle = vision_angles(ph, pw, e // c.v_head, c.v_rope_base)[None, None]
+        for blk in self.blocks:
+            x = blk(x, angle)
+        x = self.post_ln(x).reshape(b, ph * pw // 4, 4 * e)
+        return self.mm2(F.gelu(self.mm0(x), approximate="tanh"))
+
+
+# --- text --------------------------------------------------------------------------------------------------------
+def mrope_angles(positions, d, base, sections):
+    """positions (..., T, 3) as (temporal, height, width) -> (..., T, d/2) angles: pair k turns by the position
+    of its section times base^(-2k/d) (ggml's MROPE: one frequency sequence over all pairs)."""
+    inv = base ** (-2.0 * torch.arange(d // 2, dtype=torch.float32) / d)
+    plane = torch.tensor([0] * sections[0] + [1] * sections[1] + [2] * sections[2] +
+                         [3] * (d // 2 - sum(sections[:3])))
+    padded = torch.cat((positions, torch.zeros_like(positions[..., :1])), -1)  # the unused 4th plane is 0
+    return padded[..., plane] * inv
+
+
+class Layer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        hd = c.n_embd // c.n_head
+        self.attn_norm = RMSNorm(c.n_embd, c.rms_eps)
+        self.wq = nn.Linear(c.n_embd, c.n_head * hd)
+        self.wk = nn.Linear(c.n_embd, c.n_head_kv * hd)
+        self.wv = nn.Linear(c.n_embd, c.n_head_kv * hd)
+        self.wo = nn.Linear(c.n_head * hd, c.n_embd, bias=False)
+        self.ffn_norm = RMSNorm(c.n_embd, c.rms_eps)
+        self.gate = nn.Linear(c.n_embd, c.n_ff, bias=False)
+        self.up = nn.Linear(c.n_embd, c.n_ff, bias=False)
+        self.down = nn.Linear(c.n_ff, c.n_embd, bias=False)
+
+    def kv(self, h, angle):
+        """Post-RoPE keys and values (B, H_kv, T, d) of the normed input h: what llama.cpp caches."""
+        c = self.c
+        b, t, _ = h.shape
+        hd = c.n_embd // c.n_head
+        k = rotate_half_pairs(self.wk(h).view(b, t, c.n_head_kv, hd), angle[:, :, None]).transpose(1, 2)
+        return k, self.wv(h).view(b, t, c.n_head_kv, hd).transpose(1, 2)
+
+    def forward(self, x, angle, mask, keep_probs=False):
+        c = self.c
+        b, t, _ = x.shape
+        hd = c.n_embd // c.n_head
+        h = self.attn_norm(x)
+        q = rotate_half_pairs(self.wq(h).view(b, t, c.n_head, hd), angle[:, :, None]).transpose(1, 2)
+        k, v = self.kv(h, angle)
+        a, probs = attention(q, k, v, mask, keep_probs=True) if keep_probs else (attention(q, k, v, mask), None)
+        x = x + self.wo(a.transpose(1, 2).reshape(b, t, -1))
+        h = self.ffn_norm(x)
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return (x, probs) if keep_probs else x
+
+
+class TinyQwen2VL(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.vision = Vision(c)
+        self.tok = nn.Embedding(c.n_vocab, c.n_embd)
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c.n_layer))
+        self.norm = RMSNorm(c.n_embd, c.rms_eps)
+        self.out = nn.Linear(c.n_embd, c.n_vocab, bias=False)
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2 style: scale residual projections by depth
+            if name.endswith(("wo.weight", "down.weight", ".o.weight")):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.n_layer))
+        # Real Qwen2 checkpoints have large k_proj biases, a shared direction in every key that makes keys
+        # anisotropic (the ECOKV paper's Figure 1). Without RoPE it would not change attention at all (q.b is
+        # the same for every key); with M-RoPE it changes little. Start each head's bias at norm K_BIAS_NORM.
+        for layer in self.layers:
+            nn.init.normal_(layer.wk.bias, 0.0, K_BIAS_NORM / math.sqrt(c.n_embd // c.n_head))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv2d)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    def embed(self, tokens, feats, image_slots):
+        """Token embeddings with image tokens written over their placeholder slots; feats: list of (n, n_embd)
+        per image, image_slots: (batch row, first position) per image."""
+        x = self.tok(tokens)
+        if image_slots:
+            x = x.clone()
+            for f, (row, start) in zip(feats, image_slots):
+                x[row, start: start + f.shape[0]] = f
+        return x
+
+    def glyph_logits(self, feats):
+        """Training-only readout (not exported): image tokens scored against the character embeddings."""
+        return feats @ self.tok.weight.t()
+
+    def forward(self, x, positions, probe_layers=(), pad_mask=None):
+        """x (B, T, n_embd), positions (B, T, 3) -> logits (B, T, n_vocab) and {layer: attention probabilities
+        (B, H, T, T)} for probe_layers."""
+        c = self.c
+        t = x.shape[1]
+        angle = mrope_angles(positions.float(), c.n_embd // c.n_head, c.rope_base, c.rope_sections)
+        mask = torch.full((t, t), float("-inf")).triu(1)
+        probs = {}
+        for il, layer in enumerate(self.layers):
+            if il in probe_layers:
+                x, probs[il] = layer(x, angle, mask, keep_probs=True)
+            else:
+                x = layer(x, angle, mask)
+        return self.out(self.norm(x)), probs
+
+    @torch.no_grad()
+    def cache(self, images, text):
+        """Per layer the post-RoPE keys and values (H_kv, T, d) that llama.cpp caches for the prompt of images
+        (uint8 arrays) and text."""
+        feats = [self.vision(torch.from_numpy(img[None]))[0] for img in images]
+        ids, pos, slots, _ = prompt([(img.shape[0] // 8, img.shape[1] // 8) for img in images], text)
+        x = self.embed(torch.tensor([ids]), feats, [(0, s) for s in slots])
+        c = self.c
+        angle = mrope_angles(torch.tensor([pos], dtype=torch.float32), c.n_embd // c.n_head, c.rope_base,
+                             c.rope_sections)
+        mask = torch.full((len(ids), len(ids)), float("-inf")).triu(1)
+        out = []
+        for layer in self.layers:
+            k, v = layer.kv(layer.attn_norm(x), angle)
+            out.append((k[0].numpy(), v[0].numpy()))
+            x = layer(x, angle, mask)
+        return out
+
+
+# --- prompts -----------------------------------------------------------------------------------------------------
+def prompt(grid_shapes, text):
+    """The prompt as `ecokv run`/`ecokv eval` build it through mtmd: <s>, then per image <|vision_start|>, its
+    tokens, <|vision_end|> and "\\n", then text. grid_shapes: (rows, columns) of image tokens per image.
+    Returns (ids with 0 in image slots, positions as (temporal, height, width) per token, image slot starts, the
+    next position)."""
+    from model import encode
+
+    ids, pos, slots = [BOS_ID], [(0, 0, 0)], []
+    p = 1
+    for rows, cols in grid_shapes:
+        ids.append(VISION_START_ID)
+        pos.append((p, p, p))
+        p += 1
+        slots.append(len(ids))
+        ids += [0] * (rows * cols)
+        pos += [(p, p + r, p + c) for r in range(rows) for c in range(cols)]
+        p += max(rows, cols)
+        p = extend(ids, pos, p, [VISION_END_ID] + encode("\n"))
+    p = extend(ids, pos, p, encode(text))
+    return ids, pos, slots, p
+
+
+def extend(ids, pos, next_pos, tokens):
+    """Append text tokens at consecutive positions; returns the next position."""
+    for t in tokens:
+        ids.append(t)
+        pos.append((next_pos, next_pos, next_pos))
+        next_pos += 1
+    return next_pos
+
+
+BOS_ID = 1

@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Train tiny-qwen2vl (vlm/qwen2vl.py) on gen_pages.py's documents (CPU, seeded, resumable).
+
+  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen1 --steps 4500     # rerun the same command to resume
+
+RUN/ckpt.pt is written atomically every --save-every steps and on SIGTERM/SIGINT; the items of a step depend only
+on (--seed, step), so a run stopped at any moment resumes from its last checkpoint with the same data order.
+RUN/log.csv is the learning curve (losses; exact match of greedy answers on the 128-item watch set, held-out
+seeds 230000..230127 of gen_pages.py).
+
+Losses: cross-entropy on the answers (up to --questions per image), plus two training-only losses that add
+nothing to the exported files:
+- glyph: each image token scored against the character embeddings, the character of its cell as target;
+- pointer: at each answer position, one query head of *each* KV group in each --pointer-layers layer attends to
+  the image token showing the next answer character. Reading is spread over 2 x len(layers) KV groups on purpose
+  (tiny-vlm's single pointer head made one KV group decide every answer), and the weight anneals from
+  --pointer-weight to a tenth of it between --pointer-anneal steps.
+Curriculum: pages grow from 1-2 fields to 4-7 by step 1000; dense supervision (transcription, read a line) gives
+way to field questions by step 3000; from step 500 a fifth of the single pages are downscaled (0.5-0.9, so the
+model reads smaller images too); multi-page needle items (6%) join at step 2000.
+"""
+
+import argparse
+import csv
+import json
+import os
+import random
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_docs  # noqa: E402
+import gen_pages  # noqa: E402
+from model import EOS, decode, encode  # noqa: E402
+from qwen2vl import Config, TinyQwen2VL, extend, prompt, vocab  # noqa: E402
+from train import lr_at, save  # noqa: E402
+
+EVAL_SEED = 230_000  # held-out watch set (below 250,000: 250,000-999,999 are reserved)
+
+
+def grid_shape(img):
+    return img.shape[0] // gen_pages.CELL, img.shape[1] // gen_pages.CELL
+
+
+def curriculum(step, rng):
+    """(task, n_fields, scale) for one training item at this step."""
+    hi = min(7, 2 + step // 200)
+    n = rng.randint(1, hi) if rng.random() < 0.3 else rng.randint(max(1, hi - 3), hi)
+    ramp = min(1.0, step / 3000)
+    p_read, p_row = 0.4 - 0.2 * ramp, 0.25 - 0.15 * ramp
+    p_multi = 0.06 if step >= 2000 else 0.0
+    scale = rng.uniform(0.5, 0.9) if step >= 500 and rng.random() < 0.2 else None
+    u = rng.random()
+    if u < p_multi:
+        return "multi", None, None
+    if u < p_multi + p_read:
+        return "read", n, scale
+    if u < p_multi + p_read + p_row:
+        return "row", n, scale
+    return "qa", n, scale
+
+
+def train_items(base_seed, step, batch):
+    rng = random.Random(base_seed * 1_000_003 + step)
+    out = []
+    for _ in range(batch):
+        task, n, scale = curriculum(step, rng)
+        seed = rng.randrange(gen_docs.FIRST_TRAIN_SEED, 2**31)
+        it = gen_pages.item(seed, task, n, scale)
+        rng.shuffle(it["others"])
+        out.append(it)
+    return out
+
+
+def make_batch(items, max_questions):
+    """tokens, positions, targets, image slots, glyph targets (per image, None when downscaled) and pointers
+    (batch row, predicting position, target position)."""
+    seqs, poss, labels, slots, glyphs, pointers = [], [], [], [], [], []
+    for row, it in enumerate(items):
+        shapes = [grid_shape(img) for img in it["images"]]
+        ids, pos, starts, p = prompt(shapes, it["context"] + "\n" + it["question"])
+        lab = [-100] * (len(ids) - 1)
+        for k, (q, a, cells) in enumerate([(it["question"], it["answer"], it["cells"])] + it["others"][: max_questions - 1]):
+            if k:
+                p = extend(ids, pos, p, encode("\n" + q))
+                lab += [-100] * len(encode("\n" + q))
+            answer = encode(a) + [EOS]
+            for i, cell in enumerate(cells or []):
+                if cell is not None and len(answer) == len(a) + 1:
+                    page, r, c = cell
+                    pointers.append((row, len(ids) + i - 1, starts[page] + r * shapes[page][1] + c))
+            p = extend(ids, pos, p, answer)
+            lab += answer
+        lab.append(-100)
+        seqs.append(ids)
+        poss.append(pos)
+        labels.append(lab)
+        slots += [(row, s) for s in starts]
+        scaled = it["cells"] is None and it["type"] != "multi-needle"
+        glyphs += [None if scaled else torch.tensor([encode(ch)[0] for line in g for ch in line]) for g in it["grids"]]
+    t = max(map(len, seqs))
+    tokens = torch.tensor([s + [EOS] * (t - len(s)) for s in seqs])
+    positions = torch.tensor([p + [p[-1]] * (t - len(p)) for p in poss])
+    target = torch.tensor([lab + [-100] * (t - len(lab)) for lab in labels])
+    supervised = target[:, :-1] != -100
+    assert torch.equal(target[:, :-1][supervised], tokens[:, 1:][supervised]), "targets out of step"
+    return tokens, positions, target, slots, glyphs, torch.tensor(pointers, dtype=torch.long).view(-1, 3)
+
+
+def vision_feats(model, images):
+    """Image tokens per image; images of one size run as one batch."""
+    out = [None] * len(images)
+    by_size = {}
+    for i, img in enumerate(images):
+        by_size.setdefault(img.shape, []).append(i)
+    for idx in by_size.values():
+        feats = model.vision(torch.from_numpy(np.stack([images[i] for i in idx])))
+        for k, i in enumerate(idx):
+            out[i] = feats[k]
+    return out
+
+
+def batch_losses(model, items, max_questions, pointer_layers):
+    """Answer, glyph and pointer losses, each a mean over all its terms in the batch. Items run in groups of the
+    same image count (a 3-page item would otherwise pad every single page to its length)."""
+    sums, counts = [torch.zeros(()) for _ in range(3)], [0] * 3
+    c = model.c
+    for n_images in sorted({len(it["images"]) for it in items}):
+        group = [it for it in items if len(it["images"]) == n_images]
+        tokens, positions, target, slots, glyphs, pointers = make_batch(group, max_questions)
+        feats = vision_feats(model, [img for it in group for img in it["images"]])
+        logits, probs = model(model.embed(tokens[:, :-1], feats, slots), positions[:, :-1], pointer_layers)
+        target = target[:, :-1].reshape(-1)
+        sums[0] = sums[0] + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, ignore_index=-100,
+                                            reduction="sum")
+        counts[0] += int((target != -100).sum())
+        for f, g in zip(feats, glyphs):
+            if g is not None:
+                sums[1] = sums[1] + F.cross_entropy(model.glyph_logits(f), g, reduction="sum")
+                counts[1] += g.numel()
+        if len(pointers):
+            group_heads = range(0, c.n_head, c.n_head // c.n_head_kv)  # one query head per KV group
+            for il in pointer_layers:
+                for h in group_heads:
+                    pr = probs[il][pointers[:, 0], h, pointers[:, 1], pointers[:, 2]]
+                    sums[2] = sums[2] - torch.log(pr + 1e-6).sum()
+                    counts[2] += len(pointers)
+    return [s / max(1, n) for s, n in zip(sums, counts)]
+
+
+@torch.no_grad()
+def greedy(model, items, max_new=16):
+    """Greedy answers (no KV cache: the whole sequence each step; the watch set is small)."""
+    seqs, poss, nexts, slots, images = [], [], [], [], []
+    for row, it in enumerate(items):
+        ids, pos, starts, p = prompt([grid_shape(img) for img in it["images"]], it["context"] + "\n" + it["question"])
+        seqs.append(ids)
+        poss.append(pos)
+        nexts.append(p)
+        slots += [(row, s) for s in starts]
+        images += it["images"]
+    feats = vision_feats(model, images)
+    done, outs = [False] * len(items), [[] for _ in items]
+    for _ in range(max_new):
+        t = max(map(len, seqs))
+        tokens = torch.tensor([s + [EOS] * (t - len(s)) for s in seqs])
+        positions = torch.tensor([p + [p[-1]] * (t - len(p)) for p in poss])
+        logits, _ = model(model.embed(tokens, feats, slots), positions)
+        for r, s in enumerate(seqs):
+            if done[r]:
+                continue
+            nxt = int(logits[r, len(s) - 1].argmax())
+            if nxt == EOS:
+                done[r] = True
+            else:
+                outs[r].append(nxt)
+                nexts[r] = extend(s, poss[r], nexts[r], [nxt])
+        if all(done):
+            break
+    return [decode(o) for o in outs]
+
+
+def evaluate(model, items):
+    model.eval()
+    answers = []
+    for i in range(0, len(items), 16):
+        group = items[i: i + 16]
+        for n in sorted({len(it["images"]) for it in group}):
+            sub = [it for it in group if len(it["images"]) == n]
+            answers += list(zip(greedy(model, sub), sub))
+    model.train()
+    return sum(a == it["answer"] for a, it in answers) / len(items)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="run directory (checkpoint, log)")
+    ap.add_argument("--steps", type=int, default=4500)
+    ap.add_argument("--batch", type=int, default=12)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--questions", type=int, default=3, help="questions asked per training image")
+    ap.add_argument("--glyph-weight", type=float, default=1.0)
+    ap.add_argument("--pointer-weight", type=float, default=1.0)
+    ap.add_argument("--pointer-layers", default="2,3")
+    ap.add_argument("--pointer-anneal", default="1500,3000", help="steps between which the pointer weight falls to 1/10")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save-every", type=int, default=50)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--eval-items", type=int, default=128)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.run, exist_ok=True)
+    ckpt_path = os.path.join(args.run, "ckpt.pt")
+    config = Config(n_vocab=len(vocab()[0]))
+    torch.manual_seed(args.seed)
+    model = TinyQwen2VL(config)
+    # No weight decay on biases and norms (the usual practice; it also keeps the K biases, see qwen2vl.py).
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.98))
+    step, seconds0 = 0, 0.0
+    if os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, seconds0 = ck["step"], ck["seconds"]
+        print(f"resumed at step {step}", file=sys.stderr)
+    print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; config "
+          f"{json.dumps(config.to_dict())}", file=sys.stderr)
+    pointer_layers = [int(x) for x in args.pointer_layers.split(",") if x]
+    a0, a1 = (int(x) for x in args.pointer_anneal.split(","))
+
+    held_out = [gen_pages.item(EVAL_SEED + i, "qa") for i in range(args.eval_items)]
+    log_path = os.path.join(args.run, "log.csv")
+    new_log = not os.path.exists(log_path)
+    log = open(log_path, "a", newline="")
+    writer = csv.writer(log)
+    if new_log:
+        writer.writerow(["step", "seconds", "loss", "glyph_loss", "pointer_loss", "lr", "eval_exact"])
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    t_start, hist = time.time(), []
+    while step < args.steps and not stop:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args)
+        w_pointer = args.pointer_weight * (1 - 0.9 * min(1.0, max(0.0, (step - a0) / max(1, a1 - a0))))
+        loss, glyph, pointer = batch_losses(model, train_items(args.seed, step, args.batch), args.questions,
+                                            pointer_layers)
+        total = loss + args.glyph_weight * glyph + w_pointer * pointer
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        hist.append((loss.item(), glyph.item(), pointer.item()))
+        if step % 10 == 0:
+            per = (time.time() - t_start) / len(hist)
+            m = np.mean(hist[-10:], 0)
+            print(f"step {step}/{args.steps} loss {m[0]:.4f} glyph {m[1]:.4f} pointer {m[2]:.3f} {per:.2f} s/step "
+                  f"ETA {(args.steps - step) * per / 3600:.1f} h", file=sys.stderr, flush=True)
+        if step % args.eval_every == 0 or step == args.steps:
+            em = evaluate(model, held_out)
+            m = np.mean(hist[-50:], 0)
+            writer.writerow([step, f"{seconds0 + time.time() - t_start:.0f}", f"{m[0]:.4f}", f"{m[1]:.4f}",
+                             f"{m[2]:.4f}", f"{lr_at(step, args):.2e}", f"{em:.4f}"])
+            log.flush()
+            print(f"step {step}: held-out exact match {em:.3f}", file=sys.stderr, flush=True)
+        if step % args.save_every == 0 or stop:
+            save(ckpt_path, model, opt, step, seconds0 + time.time() - t_start, args)
+    save(ckpt_path, model, opt, step, seconds0 + time.time() - t_start, args)
+    print(f"saved step {step} to {ckpt_path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
