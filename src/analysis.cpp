@@ -131,11 +131,13 @@ capture_analysis analyze(const capture_view & cap, const method_spec & spec, con
     });
 
     out.kept_share.assign(size_t(cap.n_tokens), 0.0);
-    const double per_head = 1.0 / double(out.heads.size());
-    for (const auto & layer : out.sel.layers) {
-        for (const head_selection & hs : layer) {
+    out.kept_share_by_layer.assign(out.sel.layers.size(), std::vector<double>(size_t(cap.n_tokens), 0.0));
+    for (size_t il = 0; il < out.sel.layers.size(); ++il) {
+        const double per_head = 1.0 / double(out.sel.layers[il].size());
+        for (const head_selection & hs : out.sel.layers[il]) {
             for (int32_t t : hs.kept) {
-                out.kept_share[size_t(t)] += per_head;
+                out.kept_share_by_layer[il][size_t(t)] += per_head;
+                out.kept_share[size_t(t)] += per_head / double(out.sel.layers.size());
             }
         }
     }

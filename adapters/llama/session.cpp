@@ -157,6 +157,18 @@ std::string with_media_markers(std::string text, size_t n_images) {
 
 // ---- prompt ----------------------------------------------------------------------------------------------------
 
+// An M-RoPE image's last token sits at (row, column) = (rows - 1, columns - 1) of its grid, all at one temporal
+// position; other projectors place image tokens one after the other and say nothing of a grid.
+media_grid image_grid(const mtmd_image_tokens * t, int32_t first_cell) {
+    const auto             n    = int32_t(mtmd_image_tokens_get_n_tokens(t));
+    const mtmd_decoder_pos last = mtmd_image_tokens_get_decoder_pos(t, 0, size_t(n - 1));
+    if (n > 1 && last.t == 0) {
+        return { first_cell, int32_t(last.y) + 1, int32_t(last.x) + 1 };
+    }
+    const auto side = int32_t(std::lround(std::sqrt(double(n))));
+    return side * side == n ? media_grid{ first_cell, side, side } : media_grid{ first_cell, 1, n };
+}
+
 struct prompt::impl {
     std::vector<llama_token>                         tokens;
     std::unique_ptr<mtmd_input_chunks, mtmd_deleter> chunks;
@@ -165,6 +177,7 @@ struct prompt::impl {
     std::vector<uint8_t>                             modality;
     std::vector<uint64_t>                            units;  // see prompt::units()
     std::vector<int32_t>                             cells;  // cells before each unit, and the total at the end
+    std::vector<media_grid>                          images;
 };
 
 prompt::prompt(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -177,6 +190,7 @@ const std::vector<uint64_t> & prompt::units() const { return impl_->units; }
 int32_t prompt::cells_before(size_t unit) const { return impl_->cells.at(unit); }
 int32_t prompt::n_media() const { return impl_->n_media; }
 const std::vector<uint8_t> & prompt::modality() const { return impl_->modality; }
+const std::vector<media_grid> & prompt::images() const { return impl_->images; }
 
 namespace {
 
@@ -230,13 +244,16 @@ model_ptr load_model(const std::string & path) {
 }
 
 std::unique_ptr<mtmd_context, mtmd_deleter> load_projector(const std::string & path, const llama_model * model,
-                                                           int32_t n_threads) {
+                                                           int32_t n_threads, int32_t image_max_tokens) {
     if (!std::filesystem::is_regular_file(path)) {
         throw error(path + ": no such mmproj file");
     }
     check_projector_gguf(path, llama_model_n_embd(model));
     mtmd_context_params mp = mtmd_context_params_default();
     mp.use_gpu = mp.print_timings = mp.warmup = false;
+    if (image_max_tokens > 0) {
+        mp.image_max_tokens = image_max_tokens;
+    }
     if (n_threads > 0) {
         mp.n_threads = n_threads;
     }
@@ -254,7 +271,8 @@ session::session(const session_options & options) : impl_(std::make_unique<impl>
     impl_->owned = load_model(options.model_path);
     impl_->model = impl_->owned.get();
     if (!options.mmproj_path.empty()) {
-        impl_->projector = load_projector(options.mmproj_path, impl_->model, options.n_threads);
+        impl_->projector = load_projector(options.mmproj_path, impl_->model, options.n_threads,
+                                          options.image_max_tokens);
     }
 }
 
@@ -398,6 +416,9 @@ prompt session::make_prompt_from_memory(const std::string & text, const std::vec
                 p->units.push_back(uint64_t(text[t]));
             }
         } else {  // one unit per image, named by its content
+            if (m == 1) {
+                p->images.push_back(image_grid(mtmd_input_chunk_get_tokens_image(c), int32_t(p->modality.size())));
+            }
             p->cells.push_back(int32_t(p->modality.size()));
             p->units.push_back(k_image_unit | (n_images < hashes.size() ? hashes[n_images++] : 0));
         }

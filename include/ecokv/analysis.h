@@ -38,6 +38,7 @@ struct capture_analysis {
     std::vector<head_analysis> heads;        // [n_layers * n_kv_heads], layer-major
     selection                  sel;          // the method at the params' budget
     std::vector<double>        kept_share;   // [n_tokens] share of (layer, KV head)s keeping each token
+    std::vector<std::vector<double>> kept_share_by_layer;  // [n_layers][n_tokens] share of the layer's KV heads
     std::vector<double>        recent_kept;  // [min(n_recent, n_tokens)] the same for the last tokens, oldest first
 };
 

@@ -1,8 +1,11 @@
-// ecokv analyze: the ECOKV paper's analyses of a capture file (ecokv/analysis.h): key cosine distribution per
-// layer (Figure 1), rC / rE / lambda per layer and head (Figures 7-8), importance-diversity rank correlation per
-// layer (Figures 4 and 6), the selection rate of the last 32 tokens and the kept share of every token under a method
-// (Figure 5, kept-token maps). Writes DIR/analysis.json and prints a per-layer table.
+// ecokv analyze: the ECOKV paper's analyses (ecokv/analysis.h) of a model reading a prompt (the options of ecokv run;
+// the bundled tiny VLM on its sample by default) or of a capture file: key cosine distribution per layer (Figure 1),
+// rC / rE / lambda per layer and head (Figures 7-8), importance-diversity rank correlation per layer (Figures 4 and
+// 6), the selection rate of the last 32 tokens and the kept share of every token under a method (Figure 5, kept-token
+// maps over each image). Writes DIR/analysis.json, prints a per-layer table, and draws DIR/*.png with
+// scripts/plot-analysis.py when python3 has matplotlib.
 #include "common/args.h"
+#include "common/bundled.h"
 #include "ecokv/analysis.h"
 #include "ecokv/capture.h"
 #include "ecokv/error.h"
@@ -11,7 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+
+#ifdef ECOKV_HAVE_LLAMA
+#    include "analyze/from-model.h"
+#    include "common/prompt-options.h"
+#endif
 
 namespace {
 
@@ -44,7 +53,7 @@ json layer_summary(const ecokv::capture_analysis & a, int32_t il, int32_t n_kv_h
 }
 
 json to_json(const ecokv::capture_analysis & a, const ecokv::capture_view & v, const ecokv::analysis_options & o,
-             const std::string & input) {
+             const json & source) {
     json heads = json::array(), layers = json::array();
     for (const ecokv::head_analysis & h : a.heads) {
         heads.push_back({ { "layer", h.layer },
@@ -62,7 +71,7 @@ json to_json(const ecokv::capture_analysis & a, const ecokv::capture_view & v, c
     for (int32_t il = 0; il < v.n_layers; ++il) {
         layers.push_back(layer_summary(a, il, v.n_kv_heads));
     }
-    return { { "input", std::filesystem::path(input).filename().string() },
+    json out = { { "input", source["input"] },
              { "model", v.model },
              { "n_tokens", v.n_tokens },
              { "modality", v.modality },
@@ -74,7 +83,46 @@ json to_json(const ecokv::capture_analysis & a, const ecokv::capture_view & v, c
              { "layers", layers },
              { "heads", heads },
              { "recent_kept", a.recent_kept },
-             { "kept_share", a.kept_share } };
+             { "kept_share", a.kept_share },
+             { "kept_share_by_layer", a.kept_share_by_layer },
+             { "images", source.value("images", json::array()) } };
+    if (source.contains("question_mode")) {
+        out["question_mode"] = source["question_mode"];
+    }
+    return out;
+}
+
+// Shell-quoted for /bin/sh.
+std::string quoted(const std::string & s) {
+    std::string q = "'";
+    for (char c : s) {
+        q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    }
+    return q + "'";
+}
+
+// $ECOKV_PYTHON, else Debian's python3 (which has the apt packages, matplotlib among them), else the first on PATH.
+std::string python() {
+    if (const char * env = std::getenv("ECOKV_PYTHON"); env != nullptr && *env != '\0') {
+        return env;
+    }
+    return std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+}
+
+// The figures from analysis.json, by scripts/plot-analysis.py (matplotlib); a missing python3 or matplotlib only
+// skips them.
+void draw_plots(const std::filesystem::path & dir) {
+    const std::filesystem::path script =
+        std::filesystem::path(ecokv::tools::bundled_models_dir()) / ".." / "scripts" / "plot-analysis.py";
+    if (!std::filesystem::is_regular_file(script)) {
+        std::printf("plots skipped: %s is missing\n", script.lexically_normal().string().c_str());
+        return;
+    }
+    std::fflush(stdout);  // before the script's own output
+    const int rc = std::system((quoted(python()) + " " + quoted(script.string()) + " " + quoted(dir.string())).c_str());
+    if (rc != 0) {
+        std::printf("plots skipped (python3 with matplotlib is needed: scripts/setup.sh --training installs it)\n");
+    }
 }
 
 void print_table(const json & j) {
@@ -98,26 +146,29 @@ void print_table(const json & j) {
 
 int ecokv_analyze(int argc, char ** argv) {
     return ecokv::tools::run_command("analyze", [&] {
-        cxxopts::Options options("ecokv analyze", "The ECOKV paper's analyses of a capture (ecokv run --dump-capture): "
-                                                  "key geometry, redundancy, importance-diversity correlation and "
-                                                  "what a method keeps.");
+        cxxopts::Options options("ecokv analyze", "The ECOKV paper's analyses of a model reading a prompt (the options "
+                                                  "of ecokv run) or of a capture file: key geometry, redundancy, "
+                                                  "importance-diversity correlation and what a method keeps.");
         // clang-format off
         options.add_options()
-            ("i,input", "capture file (safetensors, SPEC §7)", cxxopts::value<std::string>())
-            ("out", "directory to write analysis.json into", cxxopts::value<std::string>())
+            ("i,input", "analyse this capture file (safetensors, SPEC §7) instead of running a model", cxxopts::value<std::string>())
+            ("out", "directory to write analysis.json and the plots into", cxxopts::value<std::string>())
             ("bins", "bins of the pairwise key cosine histogram over [-1, 1]", cxxopts::value<int32_t>()->default_value("20"))
             ("max-pair-keys", "pairwise statistics over at most N evenly spaced keys per head", cxxopts::value<int32_t>()->default_value("1024"))
-            ("t,threads", "threads (0: all cores)", cxxopts::value<int32_t>()->default_value("0"))
+            ("no-plots", "write analysis.json only")
             ("h,help", "show this help");
         // clang-format on
-        ecokv::tools::add_method_options(options, "snapkv+ecokv");
-        const auto args = options.parse(argc, argv);
-        ecokv::tools::reject_positional(args);
-        if (args.count("help")) {
-            std::printf("%s\n", options.help({ "", "method" }).c_str());
+#ifdef ECOKV_HAVE_LLAMA
+        ecokv::tools::add_prompt_options(options);
+#else
+        options.add_options()("t,threads", "threads (0: all cores)", cxxopts::value<int32_t>()->default_value("0"));
+#endif
+        const auto parsed = ecokv::tools::parse_with_method_options(options, argc, argv, "snapkv+ecokv");
+        if (!parsed) {
             return 0;
         }
-        ecokv::tools::require(args, { "input", "out" });
+        const cxxopts::ParseResult & args = *parsed;
+        ecokv::tools::require(args, { "out" });
         const ecokv::method_spec   spec   = ecokv::parse_method(args["method"].as<std::string>());
         const ecokv::method_params params = ecokv::tools::method_params_from(args);
         params.validate(ecokv::method_window(spec, params));
@@ -125,22 +176,38 @@ int ecokv_analyze(int argc, char ** argv) {
         o.n_bins        = ecokv::tools::int_in_range(args, "bins", 1, 1000);
         o.max_pair_keys = ecokv::tools::int_in_range(args, "max-pair-keys", 2, 16384);  // n^2 / 2 dot products per head
         o.n_threads     = ecokv::tools::threads_from(args);
-
-        const std::string          input = args["input"].as<std::string>();
-        const ecokv::capture_file  cap   = ecokv::capture_file::open(input);
-        const ecokv::capture_analysis a  = [&] {
-            try {
-                return ecokv::analyze(cap.view(), spec, params, o);
-            } catch (const ecokv::error & e) {  // name the capture in data errors (NaN, too short)
-                throw ecokv::error(input + ": " + e.what());
-            }
-        }();
-        const json                 j   = to_json(a, cap.view(), o, input);
         const std::filesystem::path dir = args["out"].as<std::string>();
-        std::filesystem::create_directories(dir);
-        ecokv::write_file_atomic((dir / "analysis.json").string(), j.dump(1) + "\n");
-        print_table(j);
-        std::printf("wrote %s\n", (dir / "analysis.json").string().c_str());
+
+        const auto analyse = [&](const ecokv::capture_view & view, const json & source) {
+            const ecokv::capture_analysis a = [&] {
+                try {
+                    return ecokv::analyze(view, spec, params, o);
+                } catch (const ecokv::error & e) {  // name the input in data errors (NaN, too short)
+                    throw ecokv::error(source["input"].get<std::string>() + ": " + e.what());
+                }
+            }();
+            const json j = to_json(a, view, o, source);
+            std::filesystem::create_directories(dir);
+            ecokv::write_file_atomic((dir / "analysis.json").string(), j.dump(1) + "\n");
+            print_table(j);
+            std::printf("wrote %s\n", (dir / "analysis.json").string().c_str());
+        };
+        if (args.count("input")) {
+            const std::string         input = args["input"].as<std::string>();
+            const ecokv::capture_file cap   = ecokv::capture_file::open(input);
+            analyse(cap.view(), { { "input", std::filesystem::path(input).filename().string() } });
+        } else {
+#ifdef ECOKV_HAVE_LLAMA
+            ecokv::method_requirements needs = ecokv::requirements(spec, params);
+            needs.n_window_queries = std::max(needs.n_window_queries, ecokv::method_window(spec, params));
+            ecokv::tools::with_model_capture(args, needs, analyse);
+#else
+            throw ecokv::error("missing --input (this build has no llama.cpp to run a model)");
+#endif
+        }
+        if (args.count("no-plots") == 0) {
+            draw_plots(dir);
+        }
         return 0;
     });
 }

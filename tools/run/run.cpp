@@ -2,7 +2,7 @@
 // cache, and report memory, time and (with --compare-full) agreement with the full cache. Without options it runs
 // the README's main job on the bundled tiny VLM.
 #include "common/args.h"
-#include "common/bundled.h"
+#include "common/prompt-options.h"
 #include "ecokv/capture.h"
 #include "ecokv/error.h"
 #include "ecokv/llama-session.h"
@@ -10,10 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 namespace {
 
@@ -22,61 +19,29 @@ using json   = nlohmann::json;
 namespace el = ecokv::llama;
 
 struct run_options {
-    el::session_options      session;
-    std::string              text;  // the prompt, or the context in question mode, with media markers
-    std::vector<std::string> images, questions;
-    ecokv::method_spec       spec;
-    ecokv::method_params     params;
-    int32_t                  n_predict    = 32;
-    int32_t                  chunk        = 0;  // cells per chunk of a chunked prefill; 0: one shot
-    bool                     compare_full = false;
-    bool                     json         = false;
-    std::string              dump_capture;
+    ecokv::tools::prompt_options prompt;
+    ecokv::method_spec           spec;
+    ecokv::method_params         params;
+    int32_t                      n_predict    = 32;
+    int32_t                      chunk        = 0;  // cells per chunk of a chunked prefill; 0: one shot
+    bool                         compare_full = false;
+    bool                         json         = false;
+    std::string                  dump_capture;
 };
-
-std::string read_text(const std::string & path) {
-    std::ifstream in(path);
-    if (!in || std::filesystem::is_directory(path)) {
-        throw error(path + ": cannot open prompt file");
-    }
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
-
-template <typename T> std::vector<T> values(const cxxopts::ParseResult & args, const char * name) {
-    return args.count(name) ? args[name].as<std::vector<T>>() : std::vector<T>{};
-}
-
-// The README's main job, when no option at all is given: the bundled receipt, its question, the full cache too.
-void main_job_defaults(run_options & o, const std::string & models) {
-    o.images       = { models + "/tiny-vlm-sample.png" };
-    o.questions    = { "What is the TOTAL?" };
-    o.compare_full = true;
-}
 
 // Fills o from the options; returns false after printing --help.
 bool parse(int argc, char ** argv, run_options & o) {
     cxxopts::Options options("ecokv run", "Prefill, compress the KV cache, decode from the compressed cache. Without "
                                           "options: the README's main job on the bundled tiny VLM.");
+    ecokv::tools::add_prompt_options(options);
     // clang-format off
     options.add_options()
-        ("model", "GGUF model (default: the bundled tiny VLM, tiny-vlm.gguf, with its mmproj)", cxxopts::value<std::string>())
-        ("mmproj", "multimodal projector GGUF (libmtmd)", cxxopts::value<std::string>())
-        ("image", "image file for the prompt (repeatable; placed where the prompt has <__media__>, else first)",
-            cxxopts::value<std::vector<std::string>>())
-        ("p,prompt", "prompt text (the context in question mode; may be left out with --image)", cxxopts::value<std::string>())
-        ("f,file", "read the prompt from a file", cxxopts::value<std::string>())
-        ("question", "question-agnostic mode: compress after the prompt, then answer each question (repeatable)",
-            cxxopts::value<std::vector<std::string>>())
         ("n,n-predict", "tokens to generate", cxxopts::value<int32_t>()->default_value("32"))
         ("compare-full", "also decode with the full cache: greedy agreement and mean KL")
         ("dump-capture", "write the prefill capture (SPEC §7) to this file", cxxopts::value<std::string>())
         ("chunk", "prefill N cells at a time, compressing after each chunk: the KV cache never holds more than the "
             "budget plus one chunk per head (0: the whole prompt, then compress)", cxxopts::value<int32_t>()->default_value("0"))
-        ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
         ("json", "print one JSON object")
-        ("verbose", "show llama.cpp's log")
         ("h,help", "show this help");
     // clang-format on
     const auto parsed = ecokv::tools::parse_with_method_options(options, argc, argv, "snapkv+ecokv");
@@ -84,16 +49,7 @@ bool parse(int argc, char ** argv, run_options & o) {
         return false;
     }
     const cxxopts::ParseResult & args = *parsed;
-    const bool        bundled = args.count("model") == 0;
-    const std::string models  = ecokv::tools::bundled_models_dir();
-    o.images                  = values<std::string>(args, "image");
-    o.questions               = values<std::string>(args, "question");
-    if (bundled && args.count("prompt") + args.count("file") + o.images.size() + o.questions.size() == 0) {
-        main_job_defaults(o, models);
-    } else if (args.count("prompt") + args.count("file") > 1 ||
-               (args.count("prompt") + args.count("file") == 0 && o.images.empty())) {
-        throw error("give the prompt with exactly one of -p/--prompt and -f/--file (or only --image)");
-    }
+    o.prompt = ecokv::tools::prompt_options_from(args);
     o.spec   = ecokv::parse_method(args["method"].as<std::string>());
     o.params = ecokv::tools::method_params_from(args);
     o.params.validate(ecokv::method_window(o.spec, o.params));
@@ -101,34 +57,13 @@ bool parse(int argc, char ** argv, run_options & o) {
     if (o.n_predict < 1 || o.n_predict > 1000000) {
         throw error("-n " + std::to_string(o.n_predict) + " must lie in [1, 1000000]");
     }
-    for (const std::string & q : o.questions) {
-        if (q.empty()) {
-            throw error("--question must not be empty");
-        }
-    }
-    o.compare_full = o.compare_full || args.count("compare-full") > 0;
+    o.compare_full = o.prompt.main_job || args.count("compare-full") > 0;
     o.json         = args.count("json") > 0;
     o.dump_capture = args.count("dump-capture") ? args["dump-capture"].as<std::string>() : "";
     o.chunk        = ecokv::tools::int_in_range(args, "chunk", 0, 1 << 24);
     if (o.chunk > 0 && !o.dump_capture.empty()) {
         throw error("--dump-capture writes the capture of a one-shot prefill; a chunked prefill (--chunk) has none");
     }
-    el::set_verbose(args.count("verbose") > 0);
-
-    // Without --model: the bundled tiny VLM and its projector (models/tiny-vlm.md).
-    o.session.model_path = bundled ? ecokv::tools::bundled_file("tiny-vlm.gguf") : args["model"].as<std::string>();
-    const std::string mmproj = args.count("mmproj") ? args["mmproj"].as<std::string>()
-                               : bundled            ? models + "/tiny-vlm-mmproj.gguf"
-                                                    : "";
-    if (o.images.empty() ? args.count("mmproj") > 0 : mmproj.empty()) {
-        throw error("--image needs --mmproj and --mmproj needs at least one --image");
-    }
-    o.session.mmproj_path = o.images.empty() ? "" : mmproj;
-    o.session.n_threads   = ecokv::tools::threads_from(args);
-    o.text = el::with_media_markers(args.count("prompt") ? args["prompt"].as<std::string>()
-                                    : args.count("file") ? read_text(args["file"].as<std::string>())
-                                                         : std::string(),
-                                    o.images.size());
     return true;
 }
 
@@ -159,12 +94,12 @@ answered answer(const el::session & s, el::sequence & comp, el::sequence * full,
 }
 
 json run(const run_options & o) {
-    const el::session      s(o.session);
-    const el::prompt_parts parts = o.questions.empty() ? el::prompt_parts{ s.chat_prompt(o.text), "" }
-                                                       : s.split_prompt(o.text);
+    const el::session      s(o.prompt.session);
+    const el::prompt_parts parts = o.prompt.questions.empty() ? el::prompt_parts{ s.chat_prompt(o.prompt.text), "" }
+                                                              : s.split_prompt(o.prompt.text);
     std::vector<std::vector<llama_token>> questions;
     int32_t                               n_question_max = 0;
-    for (const std::string & q : o.questions) {
+    for (const std::string & q : o.prompt.questions) {
         questions.push_back(s.tokenize(q + parts.question_suffix, false));
         n_question_max = std::max(n_question_max, int32_t(questions.back().size()));
     }
@@ -173,7 +108,7 @@ json run(const run_options & o) {
     }
     const int32_t n_extra = o.n_predict + n_question_max;
 
-    const el::prompt            p = s.make_prompt(parts.context, o.images);
+    const el::prompt            p = s.make_prompt(parts.context, o.prompt.images);
     std::optional<el::sequence> full, compressed;
     json                        out = { { "model", s.description() }, { "budget", o.params.budget },
                                         { "room_tokens", n_extra },   { "chunk", o.chunk } };
@@ -227,8 +162,8 @@ json run(const run_options & o) {
         agreement += a.fidelity.agreement * a.fidelity.n;
         mean_kl += a.fidelity.mean_kl * a.fidelity.n;
         n_compared += a.fidelity.n;
-        if (!o.questions.empty()) {
-            a.j["question"] = o.questions[qi];
+        if (!o.prompt.questions.empty()) {
+            a.j["question"] = o.prompt.questions[qi];
         }
         answers.push_back(a.j);
     }

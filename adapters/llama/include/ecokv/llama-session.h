@@ -47,6 +47,16 @@ struct session_options {
     int32_t               n_batch    = 2048;        // logical batch, capped at the context size
     int32_t               n_ubatch   = 0;           // physical batch; 0: llama.cpp's default
     llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;
+    // Dynamic-resolution projectors (Qwen2-VL): resize an image to at most this many tokens (mtmd's
+    // image_max_tokens, llama.cpp's --image-max-tokens); 0: the projector's own limit.
+    int32_t               image_max_tokens = 0;
+};
+
+// Where one image's tokens lie in a prompt: cells [first_cell, first_cell + n_rows * n_cols), row-major. For
+// M-RoPE projectors the grid is mtmd's; other projectors report only a count, taken as a square grid when it is
+// one (LLaVA's ViT patches) and as one row otherwise.
+struct media_grid {
+    int32_t first_cell = 0, n_rows = 0, n_cols = 0;
 };
 
 // A chat prompt split where the question goes: `context` (template start + context text) is prefilled and
@@ -71,6 +81,7 @@ class prompt {
     int32_t                      n_cells() const;   // KV cells: text tokens + image embeddings
     int32_t                      n_media() const;   // image/audio cells
     const std::vector<uint8_t> & modality() const;  // per cell: 0 text, 1 image, 2 audio; empty for text
+    const std::vector<media_grid> & images() const;  // per image, in prompt order
     // The prompt as units: a text token is its id, an image is one unit, bit 63 set and a hash of its bytes below.
     // Two prompts that share a prefix of units share the cache of that prefix.
     const std::vector<uint64_t> & units() const;

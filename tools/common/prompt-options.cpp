@@ -1,0 +1,92 @@
+#include "common/prompt-options.h"
+
+#include "common/args.h"
+#include "common/bundled.h"
+#include "ecokv/error.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace ecokv::tools {
+
+namespace {
+
+std::string read_text(const std::string & path) {
+    std::ifstream in(path);
+    if (!in || std::filesystem::is_directory(path)) {
+        throw error(path + ": cannot open prompt file");
+    }
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+std::vector<std::string> strings(const cxxopts::ParseResult & args, const char * name) {
+    return args.count(name) ? args[name].as<std::vector<std::string>>() : std::vector<std::string>{};
+}
+
+}  // namespace
+
+void add_prompt_options(cxxopts::Options & options) {
+    // clang-format off
+    options.add_options()
+        ("model", "GGUF model (default: the bundled tiny VLM, tiny-vlm.gguf, with its mmproj)", cxxopts::value<std::string>())
+        ("mmproj", "multimodal projector GGUF (libmtmd)", cxxopts::value<std::string>())
+        ("image", "image file for the prompt (repeatable; placed where the prompt has <__media__>, else first)",
+            cxxopts::value<std::vector<std::string>>())
+        ("image-max-tokens", "resize each image to at most N tokens (dynamic-resolution projectors such as Qwen2-VL; "
+            "llama.cpp's --image-max-tokens)", cxxopts::value<int32_t>())
+        ("p,prompt", "prompt text (the context in question mode; may be left out with --image)", cxxopts::value<std::string>())
+        ("f,file", "read the prompt from a file", cxxopts::value<std::string>())
+        ("question", "question-agnostic mode: compress after the prompt, then answer each question (repeatable)",
+            cxxopts::value<std::vector<std::string>>())
+        ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
+        ("verbose", "show llama.cpp's log");
+    // clang-format on
+}
+
+prompt_options prompt_options_from(const cxxopts::ParseResult & args) {
+    prompt_options    o;
+    const bool        bundled = args.count("model") == 0;
+    const std::string models  = bundled_models_dir();
+    const size_t      n_text  = args.count("prompt") + args.count("file");
+    o.images                  = strings(args, "image");
+    o.questions               = strings(args, "question");
+    if (bundled && n_text + o.images.size() + o.questions.size() == 0) {
+        o.main_job  = true;
+        o.images    = { models + "/tiny-vlm-sample.png" };
+        o.questions = { "What is the TOTAL?" };
+    } else if (n_text > 1 || (n_text == 0 && o.images.empty())) {
+        throw error("give the prompt with exactly one of -p/--prompt and -f/--file (or only --image)");
+    }
+    for (const std::string & q : o.questions) {
+        if (q.empty()) {
+            throw error("--question must not be empty");
+        }
+    }
+    llama::set_verbose(args.count("verbose") > 0);
+
+    o.session.model_path = bundled ? bundled_file("tiny-vlm.gguf") : args["model"].as<std::string>();
+    const std::string mmproj = args.count("mmproj") ? args["mmproj"].as<std::string>()
+                               : bundled            ? models + "/tiny-vlm-mmproj.gguf"
+                                                    : "";
+    if (o.images.empty() ? args.count("mmproj") > 0 : mmproj.empty()) {
+        throw error("--image needs --mmproj and --mmproj needs at least one --image");
+    }
+    o.session.mmproj_path = o.images.empty() ? "" : mmproj;
+    o.session.n_threads   = threads_from(args);
+    if (args.count("image-max-tokens")) {
+        if (o.images.empty()) {
+            throw error("--image-max-tokens needs at least one --image");
+        }
+        o.session.image_max_tokens = int_in_range(args, "image-max-tokens", 1, 1 << 20);
+    }
+    o.text = llama::with_media_markers(args.count("prompt") ? args["prompt"].as<std::string>()
+                                       : args.count("file") ? read_text(args["file"].as<std::string>())
+                                                            : std::string(),
+                                       o.images.size());
+    return o;
+}
+
+}  // namespace ecokv::tools

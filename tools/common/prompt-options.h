@@ -1,0 +1,28 @@
+// The model and prompt options of the commands that prefill one prompt in llama.cpp (ecokv run, ecokv analyze),
+// declared once: --model, --mmproj, --image, -p/--prompt, -f/--file, --question, --image-max-tokens, -t/--threads,
+// --verbose. Without --model and without any prompt, the bundled tiny VLM reads its sample receipt (the README's main
+// job).
+#pragma once
+
+#include "ecokv/llama-session.h"
+
+#include <cxxopts.hpp>
+
+#include <string>
+#include <vector>
+
+namespace ecokv::tools {
+
+struct prompt_options {
+    llama::session_options   session;
+    std::string              text;  // the prompt, or the context in question mode, with one media marker per image
+    std::vector<std::string> images, questions;
+    bool                     main_job = false;  // nothing given: the bundled sample image and its question
+};
+
+void add_prompt_options(cxxopts::Options & options);
+
+// Reads and checks the options of add_prompt_options (and sets llama.cpp's log level from --verbose).
+prompt_options prompt_options_from(const cxxopts::ParseResult & args);
+
+}  // namespace ecokv::tools
