@@ -84,6 +84,44 @@ TEST(run_vision, llava_mlp) {
     check_vision_run(f, 16);  // resized to 56x56, 14 px patches: 4 x 4
 }
 
+// ecokv analyze on a model: each image's token grid as mtmd lays it out (computed independently by
+// expected_image_geometry), at the default size and under --image-max-tokens, and one kept share per layer and token.
+void check_analyze_grid(const vision_fixture & f, const char * arch, const std::vector<std::string> & extra,
+                        const image_geometry & g) {
+    std::vector<std::string> args = { "analyze", "--model", f.model, "--mmproj", f.mmproj, "--image", f.image, "-p",
+                                      "<__media__> a picture of some words", "-m", "snapkv", "-b", "8", "--window", "2",
+                                      "--out", f.dir / "an", "--no-plots", "-t", "2" };
+    args.insert(args.end(), extra.begin(), extra.end());
+    const run_result r = run_cli(f.dir.path().string(), args);
+    ASSERT_EQ(r.code, 0) << describe(r);
+    const json a = json::parse(read_file(std::string(f.dir / "an") + "/analysis.json"));
+    ASSERT_EQ(a["images"].size(), 1u) << arch;
+    const json & im = a["images"][0];
+    EXPECT_EQ(im["cols"].get<int>(), g.tokens_x == g.n_tokens ? 4 : g.tokens_x) << arch;  // llava: a square grid
+    EXPECT_EQ(im["rows"].get<int>() * im["cols"].get<int>(), g.n_tokens) << arch;
+    EXPECT_GE(im["first_cell"].get<int>(), 0) << arch;
+    EXPECT_LE(im["first_cell"].get<int>() + g.n_tokens, a["n_tokens"].get<int>()) << arch;
+    EXPECT_TRUE(im["path"].get<std::string>().ends_with("image.ppm")) << arch;
+    ASSERT_EQ(a["kept_share_by_layer"].size(), a["layers"].size());
+    for (const json & layer : a["kept_share_by_layer"]) {
+        EXPECT_EQ(layer.size(), a["n_tokens"].get<size_t>());
+    }
+}
+
+TEST(run_vision, analyze_maps_image_tokens_to_their_grid) {
+    const tiny_mmproj_config qc;
+    const vision_fixture     q("qwen2vl", mmproj_type::qwen2vl_merger);
+    check_analyze_grid(q, "qwen2vl", {}, expected_image_geometry(qc, 112, 84));
+    check_analyze_grid(q, "qwen2vl", { "--image-max-tokens", "9" }, expected_image_geometry(qc, 112, 84, -1, 9));
+    const json small = q.run_json({ "-p", "<__media__> x", "--image-max-tokens", "9", "-n", "1" });
+    EXPECT_EQ(small["image_tokens"].get<int>(), expected_image_geometry(qc, 112, 84, -1, 9).n_tokens);
+
+    tiny_mmproj_config lc;
+    lc.type = mmproj_type::llava_mlp;
+    const vision_fixture l("llama", mmproj_type::llava_mlp);
+    check_analyze_grid(l, "llava", {}, expected_image_geometry(lc, 112, 84));
+}
+
 TEST(run_vision, bad_inputs) {
     const vision_fixture f("qwen2vl", mmproj_type::qwen2vl_merger);
     tiny_mmproj_config wrong;
