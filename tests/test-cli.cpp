@@ -657,9 +657,13 @@ TEST(cli, report_deltas_default_to_mixkv) {
                                                      { { "uniform+snapkv", 32 }, 50.0 - 25 },
                                                      { { "pyramidkv+ecokv", 64 }, 100.0 - 50 },
                                                      { { "pyramidkv+ecokv", 32 }, 75.0 - 25 } }));
-    EXPECT_TRUE(contains(r.out, "| uniform+mixkv | 50.0 | 25.0 |")) << r.out;
-    EXPECT_TRUE(contains(r.out, "| uniform+snapkv | 75.0 (+25.0) | 50.0 (+25.0) |")) << r.out;
-    EXPECT_TRUE(contains(read_file(run + "/report.csv"), "dataset,metric,method,budget,score,n,delta_vs_mixkv\n"));
+    // Standard errors by hand, over 4 items scored 0 or 100: two right of four, sd = sqrt(4 * 50^2 / 3) = 57.735,
+    // se = sd / 2 = 28.9; one or three right: sd = sqrt((75^2 + 3 * 25^2) / 3) = 50, se = 25. The paired difference
+    // snapkv - mixkv is 100 on one item and 0 on three at either budget: se 25.
+    EXPECT_TRUE(contains(r.out, "| uniform+mixkv | 50.0 ±28.9 | 25.0 ±25.0 |")) << r.out;
+    EXPECT_TRUE(contains(r.out, "| uniform+snapkv | 75.0 ±25.0 (+25.0 ±25.0) | 50.0 ±28.9 (+25.0 ±25.0) |")) << r.out;
+    EXPECT_TRUE(contains(read_file(run + "/report.csv"),
+                         "dataset,metric,method,budget,score,n,se,delta_vs_mixkv,delta_se,n_paired\n"));
 }
 
 TEST(cli, report_deltas_against_another_baseline) {
@@ -677,12 +681,13 @@ TEST(cli, report_deltas_against_another_baseline) {
                                                          { { "pyramidkv+ecokv", 64 }, 100.0 - 75 },
                                                          { { "pyramidkv+ecokv", 32 }, 75.0 - 50 } }))
             << name;
-        EXPECT_TRUE(contains(r.out, "| uniform+snapkv | 75.0 | 50.0 |")) << r.out;
-        EXPECT_TRUE(contains(r.out, "| uniform+mixkv | 50.0 (-25.0) | 25.0 (-25.0) |")) << r.out;
-        EXPECT_TRUE(contains(r.out, "| pyramidkv+ecokv | 100.0 (+25.0) | 75.0 (+25.0) |")) << r.out;
+        EXPECT_TRUE(contains(r.out, "| uniform+snapkv | 75.0 ±25.0 | 50.0 ±28.9 |")) << r.out;
+        EXPECT_TRUE(contains(r.out, "| uniform+mixkv | 50.0 ±28.9 (-25.0 ±25.0) | 25.0 ±25.0 (-25.0 ±25.0) |")) << r.out;
+        EXPECT_TRUE(contains(r.out, "| pyramidkv+ecokv | 100.0 ±0.0 (+25.0 ±25.0) | 75.0 ±25.0 (+25.0 ±25.0) |"))
+            << r.out;
         const std::string csv = read_file(run + "/report.csv");
-        EXPECT_TRUE(contains(csv, "dataset,metric,method,budget,score,n,delta_vs_snapkv\n")) << csv;
-        EXPECT_TRUE(contains(csv, "generated,exact,uniform+mixkv,64,50,4,-25.000000\n")) << csv;
+        EXPECT_TRUE(contains(csv, "dataset,metric,method,budget,score,n,se,delta_vs_snapkv,delta_se,n_paired\n")) << csv;
+        EXPECT_TRUE(contains(csv, "generated,exact,uniform+mixkv,64,50,4,28.867513,-25.000000,25.000000,4\n")) << csv;
     }
     // FullKV (100 at every budget) as the baseline.
     const run_result r = run_cli(dir.path().string(), { "report", run, "--baseline", "full" });
@@ -717,7 +722,7 @@ TEST(cli, report_baseline_absent_or_unknown) {
     r                          = run_cli(other.path().string(), { "report", no_mixkv });
     ASSERT_EQ(r.code, 0) << describe(r);
     EXPECT_TRUE(deltas(json::parse(read_file(no_mixkv + "/report.json"))["generated"]).empty());
-    EXPECT_TRUE(contains(r.out, "| uniform+snapkv | 75.0 | 50.0 |")) << r.out;
+    EXPECT_TRUE(contains(r.out, "| uniform+snapkv | 75.0 ±25.0 | 50.0 ±28.9 |")) << r.out;
     r = run_cli(other.path().string(), { "report", no_mixkv, "--baseline", "mixkv" });
     EXPECT_EQ(r.code, 1) << describe(r);
     EXPECT_TRUE(contains(r.err, "--baseline uniform+mixkv: no results for it")) << describe(r);

@@ -1,6 +1,8 @@
 // ecokv report: merge the results of `ecokv eval` runs (shards, resumed runs) into a table shaped like the
 // papers' Table 1: methods x budgets with the run's metric, FullKV first, deltas against a baseline method
-// (--baseline, MixKV by default as in the ECOKV paper).
+// (--baseline, MixKV by default as in the ECOKV paper). Where the metric scores items one by one, each score has its
+// standard error and each delta is the paired difference over the items both methods answered, with its own
+// standard error (the items are shared, so the paired error is the one that says whether a delta is noise).
 #include "common/args.h"
 #include "ecokv/error.h"
 #include "ecokv/method.h"
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -117,6 +120,53 @@ void read_dir(const std::string & dir, std::map<std::string, dataset_results> & 
     }
 }
 
+// Mean and standard error of the mean (sample standard deviation / sqrt(n); 0 for fewer than 2 values).
+struct mean_se {
+    double mean = 0, se = 0;
+    size_t n    = 0;
+};
+
+mean_se summarize(const std::vector<double> & v) {
+    mean_se r;
+    r.n = v.size();
+    for (double x : v) {
+        r.mean += x / double(v.size());
+    }
+    if (v.size() > 1) {
+        double ss = 0;
+        for (double x : v) {
+            ss += (x - r.mean) * (x - r.mean);
+        }
+        r.se = std::sqrt(ss / double(v.size() - 1) / double(v.size()));
+    }
+    return r;
+}
+
+// Each item's score (x100) by id: the metric on that item alone, which the corpus score is the mean of; empty for a
+// metric with only a corpus score (CIDEr).
+std::map<std::string, double> item_scores(const std::string & metric,
+                                          const std::map<std::string, ecokv::metric_item> & by_id) {
+    std::map<std::string, double> out;
+    if (ecokv::find_metric(metric).corpus_only) {
+        return out;
+    }
+    for (const auto & [id, it] : by_id) {
+        out[id] = 100.0 * ecokv::evaluate(metric, std::span<const ecokv::metric_item>(&it, 1)).score;
+    }
+    return out;
+}
+
+// The paired difference a - b over the ids both have.
+mean_se paired(const std::map<std::string, double> & a, const std::map<std::string, double> & b) {
+    std::vector<double> d;
+    for (const auto & [id, x] : a) {
+        if (const auto it = b.find(id); it != b.end()) {
+            d.push_back(x - it->second);
+        }
+    }
+    return summarize(d);
+}
+
 // "| method | 256 | 128 |" and its Markdown rule.
 void table_header(std::ostringstream & md, const std::vector<int32_t> & budgets) {
     md << "| method |";
@@ -193,7 +243,7 @@ int ecokv_report(int argc, char ** argv) {
         }
         std::ostringstream md, csv;
         json               js = json::object();
-        csv << "dataset,metric,method,budget,score,n," << delta_column(baseline) << "\n";
+        csv << "dataset,metric,method,budget,score,n,se," << delta_column(baseline) << ",delta_se,n_paired\n";
         for (auto & [dataset, res] : all) {
             std::vector<int32_t> budgets;
             for (const auto & [k, v] : res.items) {
@@ -205,6 +255,7 @@ int ecokv_report(int argc, char ** argv) {
             std::stable_partition(res.method_order.begin(), res.method_order.end(),
                                   [](const std::string & m) { return m == "full"; });
             std::map<cell_key, std::pair<double, size_t>> score;
+            std::map<cell_key, std::map<std::string, double>> per_item;
             for (const auto & [k, by_id] : res.items) {
                 std::vector<ecokv::metric_item> items;
                 for (const auto & [id, it] : by_id) {
@@ -212,7 +263,9 @@ int ecokv_report(int argc, char ** argv) {
                 }
                 const ecokv::metric_result r = ecokv::evaluate(res.metric, items);
                 score[k]                     = { 100.0 * r.score, r.n };
+                per_item[k]                  = item_scores(res.metric, by_id);
             }
+            const bool with_errors = !ecokv::find_metric(res.metric).corpus_only;
             md << "## " << dataset << " (" << res.metric << ", x100)\n\n";
             table_header(md, budgets);
             for (const std::string & m : res.method_order) {
@@ -223,28 +276,50 @@ int ecokv_report(int argc, char ** argv) {
                         md << " - |";
                         continue;
                     }
-                    const double s = score[k].first;
-                    char         buf[64];
-                    std::snprintf(buf, sizeof buf, " %.1f", s);
+                    const double  s  = score[k].first;
+                    const mean_se own = summarize([&] {
+                        std::vector<double> v;
+                        for (const auto & [id, x] : per_item[k]) {
+                            v.push_back(x);
+                        }
+                        return v;
+                    }());
+                    char buf[96];
+                    std::snprintf(buf, sizeof buf, with_errors ? " %.1f ±%.1f" : " %.1f", s, own.se);
                     md << buf;
-                    std::string    delta;
+                    std::string    delta, delta_se, n_paired;
+                    mean_se        diff;
                     const cell_key base{ baseline, baseline == "full" ? 0 : b };
                     if (m != baseline && m != "full" && score.count(base)) {
-                        std::snprintf(buf, sizeof buf, " (%+.1f)", s - score[base].first);
+                        diff = paired(per_item[k], per_item[base]);
+                        std::snprintf(buf, sizeof buf, with_errors ? " (%+.1f ±%.1f)" : " (%+.1f)",
+                                      s - score[base].first, diff.se);
                         md << buf;
                         delta = std::to_string(s - score[base].first);
+                        if (with_errors) {
+                            delta_se = std::to_string(diff.se);
+                            n_paired = std::to_string(diff.n);
+                        }
                     }
                     md << " |";
                     if (m != "full" || b == budgets.front()) {
                         csv << dataset << "," << res.metric << "," << label(m) << "," << k.budget << "," << s << ","
-                            << score[k].second << "," << delta << "\n";
+                            << score[k].second << "," << (with_errors ? std::to_string(own.se) : "") << "," << delta
+                            << "," << delta_se << "," << n_paired << "\n";
                         js[dataset]["metric"]   = res.metric;
                         js[dataset]["baseline"] = label(baseline);
 
                         json row = { { "method", label(m) }, { "budget", k.budget }, { "score", s } };
                         row["n"] = score[k].second;
+                        if (with_errors) {
+                            row["se"] = own.se;
+                        }
                         if (!delta.empty()) {
                             row["delta"] = s - score[base].first;
+                            if (with_errors) {
+                                row["delta_se"] = diff.se;
+                                row["n_paired"] = diff.n;
+                            }
                         }
                         js[dataset]["scores"].push_back(row);
                     }
