@@ -702,6 +702,26 @@ TEST(cli, report_deltas_against_another_baseline) {
                                                      { { "pyramidkv+ecokv", 32 }, -25.0 } }));
 }
 
+// --tag window: the same results in two directories whose configs differ in the window make two rows per method,
+// labelled with their windows; the default baseline resolves to mixkv's first tagged row; FullKV stays one row.
+TEST(cli, report_tags_rows_by_config_keys) {
+    temp_dir          a, b;
+    const std::string run_a = write_results(a), run_b = write_results(b);
+    write_file(run_a + "/config.json", json{ { "dataset", "generated" }, { "metric", "exact" }, { "window", 32 } }.dump());
+    write_file(run_b + "/config.json", json{ { "dataset", "generated" }, { "metric", "exact" }, { "window", 4 } }.dump());
+    const run_result r = run_cli(a.path().string(), { "report", run_a, run_b, "--tag", "window,mixkv_scale" });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_TRUE(contains(r.out, "| FullKV | 100.0 ±0.0 | 100.0 ±0.0 |")) << r.out;
+    EXPECT_TRUE(contains(r.out, "| uniform+mixkv [window 32] | 50.0 ±28.9 | 25.0 ±25.0 |")) << r.out;
+    EXPECT_TRUE(contains(r.out, "| uniform+mixkv [window 4] | 50.0 ±28.9 (+0.0 ±0.0) | 25.0 ±25.0 (+0.0 ±0.0) |"))
+        << r.out;
+    EXPECT_TRUE(contains(r.out, "| uniform+snapkv [window 4] | 75.0 ±25.0 (+25.0 ±25.0) |")) << r.out;
+    const run_result r4 =
+        run_cli(a.path().string(), { "report", run_a, run_b, "--tag", "window", "--baseline", "snapkv [window 4]" });
+    ASSERT_EQ(r4.code, 0) << describe(r4);
+    EXPECT_TRUE(contains(r4.out, "| uniform+snapkv [window 32] | 75.0 ±25.0 (+0.0 ±0.0) |")) << r4.out;
+}
+
 // Without uniform+mixkv in the results the default baseline gives no deltas; a baseline named on the command line
 // must be in the results, and must be a method.
 TEST(cli, report_baseline_absent_or_unknown) {

@@ -48,7 +48,20 @@ struct dataset_results {
     std::vector<std::string>                                         method_order;
 };
 
-void read_dir(const std::string & dir, std::map<std::string, dataset_results> & out) {
+// " [window 32, mixkv_scale importance]": the values of the --tag keys a directory's config.json sets, so that one
+// method run with different settings in different directories makes different rows ("" when it sets none).
+std::string tag_suffix(const json & cfg, const std::vector<std::string> & tags) {
+    std::string out;
+    for (const std::string & k : tags) {
+        if (cfg.contains(k) && !cfg[k].is_null()) {
+            out += (out.empty() ? "" : ", ") + k + " " + (cfg[k].is_string() ? cfg[k].get<std::string>() : cfg[k].dump());
+        }
+    }
+    return out.empty() ? out : " [" + out + "]";
+}
+
+void read_dir(const std::string & dir, const std::vector<std::string> & tags,
+              std::map<std::string, dataset_results> & out) {
     std::ifstream cfg_in(dir + "/config.json");
     if (!cfg_in) {
         throw error(dir + ": no config.json (not an ecokv eval results directory)");
@@ -66,7 +79,8 @@ void read_dir(const std::string & dir, std::map<std::string, dataset_results> & 
         throw error(dir + ": " + dataset + " scored with " + metric + ", but with " + results.metric +
                     " in an earlier directory (report them separately)");
     }
-    results.metric = metric;
+    results.metric           = metric;
+    const std::string suffix = tag_suffix(cfg, tags);
     std::vector<fs::path> files;
     for (const auto & e : fs::directory_iterator(dir)) {
         const std::string name = e.path().filename().string();
@@ -88,7 +102,7 @@ void read_dir(const std::string & dir, std::map<std::string, dataset_results> & 
                 }
                 throw error(f.string() + ":" + std::to_string(n) + ": not a results record (" + e.what() + ")");
             }
-            const std::string method = j.at("method");
+            const std::string method = j.at("method").get<std::string>() + (j.at("method") == "full" ? "" : suffix);
             if (j.contains("error")) {  // an item eval could not process
                 results.failed[{ method, j.at("budget").get<int32_t>() }][j.at("id").get<std::string>()] = j["error"];
                 if (std::find(results.method_order.begin(), results.method_order.end(), method) ==
@@ -187,11 +201,22 @@ std::string baseline_method(const std::string & text) {
     if (text == "full") {
         return text;
     }
+    const size_t tag = text.find(" [");  // a tagged row: "snapkv [window 32]"
     try {
-        return ecokv::parse_method(text).name();
+        return ecokv::parse_method(text.substr(0, tag)).name() + (tag == std::string::npos ? "" : text.substr(tag));
     } catch (const error & e) {
         throw error("--baseline: " + std::string(e.what()));
     }
+}
+
+// The row the deltas are against: the baseline itself, else (with --tag) its first tagged row; "" when absent.
+std::string resolve_baseline(const std::string & baseline, const std::vector<std::string> & order) {
+    if (std::find(order.begin(), order.end(), baseline) != order.end()) {
+        return baseline;
+    }
+    const auto tagged = std::find_if(order.begin(), order.end(),
+                                     [&](const std::string & m) { return m.rfind(baseline + " [", 0) == 0; });
+    return tagged == order.end() ? "" : *tagged;
 }
 
 // The CSV column of the deltas: delta_vs_mixkv for uniform+mixkv (a bare scorer), delta_vs_full, ...
@@ -210,6 +235,8 @@ int ecokv_report(int argc, char ** argv) {
             ("dirs", "results directories", cxxopts::value<std::vector<std::string>>())
             ("out", "write OUT.md, OUT.csv and OUT.json (default: report.* in the first directory)", cxxopts::value<std::string>())
             ("baseline", "the deltas are against this method (any method name, or full for FullKV; default uniform+mixkv)", cxxopts::value<std::string>())
+            ("tag", "config.json keys that tell rows apart, e.g. window,mixkv_scale,ecokv_weights: a method run with "
+                "other values in another directory is another row, labelled \"method [window 32]\"", cxxopts::value<std::string>())
             ("h,help", "show this help");
         // clang-format on
         options.parse_positional({ "dirs" });
@@ -224,13 +251,14 @@ int ecokv_report(int argc, char ** argv) {
         const std::string baseline =
             baseline_method(args.count("baseline") ? args["baseline"].as<std::string>() : "uniform+mixkv");
         std::map<std::string, dataset_results> all;
+        const std::vector<std::string> tags =
+            args.count("tag") ? ecokv::tools::split_list(args["tag"].as<std::string>()) : std::vector<std::string>{};
         for (const std::string & d : dirs) {
-            read_dir(d, all);
+            read_dir(d, tags, all);
         }
         // Without its baseline a table has no deltas; a baseline asked for by name must be somewhere.
         if (args.count("baseline") && std::none_of(all.begin(), all.end(), [&](const auto & d) {
-                const auto & order = d.second.method_order;
-                return std::find(order.begin(), order.end(), baseline) != order.end();
+                return !resolve_baseline(baseline, d.second.method_order).empty();
             })) {
             std::string known;
             for (const auto & [dataset, res] : all) {
@@ -254,6 +282,7 @@ int ecokv_report(int argc, char ** argv) {
             std::sort(budgets.rbegin(), budgets.rend());  // as the papers: 256, 128, 64
             std::stable_partition(res.method_order.begin(), res.method_order.end(),
                                   [](const std::string & m) { return m == "full"; });
+            const std::string base_row = resolve_baseline(baseline, res.method_order);
             std::map<cell_key, std::pair<double, size_t>> score;
             std::map<cell_key, std::map<std::string, double>> per_item;
             for (const auto & [k, by_id] : res.items) {
@@ -289,8 +318,8 @@ int ecokv_report(int argc, char ** argv) {
                     md << buf;
                     std::string    delta, delta_se, n_paired;
                     mean_se        diff;
-                    const cell_key base{ baseline, baseline == "full" ? 0 : b };
-                    if (m != baseline && m != "full" && score.count(base)) {
+                    const cell_key base{ base_row, base_row == "full" ? 0 : b };
+                    if (m != base_row && m != "full" && score.count(base)) {
                         diff = paired(per_item[k], per_item[base]);
                         std::snprintf(buf, sizeof buf, with_errors ? " (%+.1f ±%.1f)" : " (%+.1f)",
                                       s - score[base].first, diff.se);
@@ -307,7 +336,7 @@ int ecokv_report(int argc, char ** argv) {
                             << score[k].second << "," << (with_errors ? std::to_string(own.se) : "") << "," << delta
                             << "," << delta_se << "," << n_paired << "\n";
                         js[dataset]["metric"]   = res.metric;
-                        js[dataset]["baseline"] = label(baseline);
+                        js[dataset]["baseline"] = label(base_row.empty() ? baseline : base_row);
 
                         json row = { { "method", label(m) }, { "budget", k.budget }, { "score", s } };
                         row["n"] = score[k].second;
