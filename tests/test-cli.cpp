@@ -722,6 +722,27 @@ TEST(cli, report_tags_rows_by_config_keys) {
     EXPECT_TRUE(contains(r4.out, "| uniform+snapkv [window 32] | 75.0 ±25.0 (+0.0 ±0.0) |")) << r4.out;
 }
 
+// The full cache of images resized to at most N tokens (eval --image-max-tokens N) is the smaller-image baseline: one
+// row, in budget N's column, with its paired difference to the baseline there.
+TEST(cli, report_places_the_smaller_image_in_its_budget_column) {
+    temp_dir          a, b;
+    const std::string run = write_results(a), small = b / "small";
+    fs::create_directories(small);
+    write_file(small + "/config.json",
+               json{ { "dataset", "generated" }, { "metric", "exact" }, { "image_max_tokens", 32 } }.dump());
+    std::string lines;
+    for (int i = 0; i < 4; ++i) {  // one of four right
+        lines += json{ { "id", "q" + std::to_string(i) }, { "method", "full" }, { "budget", 0 },
+                       { "prediction", i < 1 ? "a0" : "x" }, { "answers", { "a" + std::to_string(i) } } }.dump() + "\n";
+    }
+    write_file(small + "/results.jsonl", lines);
+    const run_result r = run_cli(a.path().string(), { "report", run, small });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_TRUE(contains(r.out, "| FullKV | 100.0 ±0.0 | 100.0 ±0.0 |")) << r.out;
+    // mixkv at 32 answers q0 only too: the paired difference is 0 on every item
+    EXPECT_TRUE(contains(r.out, "| FullKV, smaller image | - | 25.0 ±25.0 (+0.0 ±0.0) |")) << r.out;
+}
+
 // Without uniform+mixkv in the results the default baseline gives no deltas; a baseline named on the command line
 // must be in the results, and must be a method.
 TEST(cli, report_baseline_absent_or_unknown) {

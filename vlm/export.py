@@ -77,17 +77,7 @@ def text_model(sd, c, name):
         ("add_add_eos_token", None, False),
         ("add_add_space_prefix", None, False),
     ]
-    t = [("token_embd.weight", f32(sd["tok.weight"]))]
-    for i in range(c.n_layer):
-        p, b = f"layers.{i}.", f"blk.{i}."
-        for src, dst in [("attn_norm.weight", "attn_norm.weight"), ("wq.weight", "attn_q.weight"),
-                         ("wk.weight", "attn_k.weight"), ("wv.weight", "attn_v.weight"),
-                         ("wo.weight", "attn_output.weight"), ("ffn_norm.weight", "ffn_norm.weight"),
-                         ("gate.weight", "ffn_gate.weight"), ("up.weight", "ffn_up.weight"),
-                         ("down.weight", "ffn_down.weight")]:
-            t.append((b + dst, f32(sd[p + src])))
-    t += [("output_norm.weight", f32(sd["norm.weight"])), ("output.weight", f32(sd["out.weight"]))]
-    return kv, t
+    return kv, [(name, f32(sd[key])) for key, part, name in tensor_names(c) if part == "text"]
 
 
 def projector(sd, c, name):
@@ -108,18 +98,46 @@ def projector(sd, c, name):
         ("add_array", "clip.vision.image_mean", list(CLIP_MEAN)),
         ("add_array", "clip.vision.image_std", list(CLIP_STD)),
     ]
+    return kv, [(name, f32(sd[key])) for key, part, name in tensor_names(c) if part == "mmproj"]
+
+
+def tensor_names(c):
+    """(state-dict key, file "text" or "mmproj", GGUF tensor name) of every exported tensor: the one mapping the
+    export and import_gguf() read."""
+    out = [("tok.weight", "text", "token_embd.weight")]
+    for i in range(c.n_layer):
+        out += [(f"layers.{i}.{src}", "text", f"blk.{i}.{dst}") for src, dst in [
+            ("attn_norm.weight", "attn_norm.weight"), ("wq.weight", "attn_q.weight"), ("wk.weight", "attn_k.weight"),
+            ("wv.weight", "attn_v.weight"), ("wo.weight", "attn_output.weight"), ("ffn_norm.weight", "ffn_norm.weight"),
+            ("gate.weight", "ffn_gate.weight"), ("up.weight", "ffn_up.weight"), ("down.weight", "ffn_down.weight")]]
+    out += [("norm.weight", "text", "output_norm.weight"), ("out.weight", "text", "output.weight")]
     v = "vision."
-    t = [("v.patch_embd.weight", f32(sd[v + "patch.weight"])), ("v.patch_embd.bias", f32(sd[v + "patch.bias"])),
-         ("v.position_embd.weight", f32(sd[v + "pos"])),
-         ("v.pre_ln.weight", f32(sd[v + "pre_ln.weight"])), ("v.pre_ln.bias", f32(sd[v + "pre_ln.bias"]))]
+    out += [(v + "patch.weight", "mmproj", "v.patch_embd.weight"), (v + "patch.bias", "mmproj", "v.patch_embd.bias"),
+            (v + "pos", "mmproj", "v.position_embd.weight"), (v + "pre_ln.weight", "mmproj", "v.pre_ln.weight"),
+            (v + "pre_ln.bias", "mmproj", "v.pre_ln.bias")]
     for i in range(c.v_block):
-        p, b = f"{v}blocks.{i}.", f"v.blk.{i}."
         for src, dst in [("ln1", "ln1"), ("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_out"),
                          ("ln2", "ln2"), ("up", "ffn_up"), ("down", "ffn_down")]:
-            t += [(b + dst + ".weight", f32(sd[p + src + ".weight"])), (b + dst + ".bias", f32(sd[p + src + ".bias"]))]
-    for k in ("0", "2"):
-        t += [(f"mm.{k}.weight", f32(sd[f"{v}mm{k}.weight"])), (f"mm.{k}.bias", f32(sd[f"{v}mm{k}.bias"]))]
-    return kv, t
+            out += [(f"{v}blocks.{i}.{src}.{w}", "mmproj", f"v.blk.{i}.{dst}.{w}") for w in ("weight", "bias")]
+    out += [(f"{v}mm{k}.{w}", "mmproj", f"mm.{k}.{w}") for k in ("0", "2") for w in ("weight", "bias")]
+    return out
+
+
+def import_gguf(prefix, gguf_py=None):
+    """A tiny-vlm checkpoint dict ({"model", "config"}) read back from PREFIX.gguf and PREFIX-mmproj.gguf (for a
+    model whose training checkpoint is gone: the export is lossless, all F32). The training-only probe (`where`)
+    keeps its initial values."""
+    gguf = load_gguf_py(gguf_py or os.path.join(HERE, "..", "third_party", "llama.cpp", "gguf-py"))
+    from model import TinyVLM
+
+    c = Config(n_vocab=len(vocab()[0]))
+    sd = TinyVLM(c).state_dict()
+    files = {part: {t.name: t for t in gguf.GGUFReader(prefix + suffix).tensors}
+             for part, suffix in (("text", ".gguf"), ("mmproj", "-mmproj.gguf"))}
+    for key, part, name in tensor_names(c):
+        data = np.array(files[part][name].data, dtype=np.float32)
+        sd[key] = torch.from_numpy(data.reshape(sd[key].shape))
+    return {"model": sd, "config": c.to_dict(), "step": None}
 
 
 def main():

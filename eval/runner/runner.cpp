@@ -113,6 +113,9 @@ json config_of(const eval_options & o, const metric_info & metric) {
         { "merge", p.merge == merge_kind::pivot ? "pivot" : "none" },
         { "head_scores", p.head_scores.empty() ? json(nullptr) : json(content_hash(p.head_scores)) },
     };
+    if (o.image_max_tokens > 0) {  // absent unless set, as chunk: older directories resume as they were
+        config["image_max_tokens"] = o.image_max_tokens;
+    }
     if (o.chunk > 0) {  // absent for one-shot runs: directories written before chunking existed resume as they were
         config["chunk"] = o.chunk;
     }

@@ -80,6 +80,8 @@ int ecokv_eval(int argc, char ** argv) {
             ("shard", "i/n: this process runs items i, i+n, i+2n, ...", cxxopts::value<std::string>()->default_value("0/1"))
             ("chunk", "compressed answers from a chunked prefill of N cells per chunk (ecokv run --chunk); 0: one shot",
                 cxxopts::value<int32_t>()->default_value("0"))
+            ("image-max-tokens", "resize each image to at most N tokens (dynamic-resolution projectors: the "
+                "smaller-image baseline, reported by ecokv report in budget N's column)", cxxopts::value<int32_t>())
             ("n,n-predict", "answer tokens", cxxopts::value<int32_t>()->default_value("16"))
             ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
             ("out", "results directory", cxxopts::value<std::string>())
@@ -122,6 +124,7 @@ int ecokv_eval(int argc, char ** argv) {
         o.model                     = args["model"].as<std::string>();
         o.projector                 = args.count("mmproj") ? args["mmproj"].as<std::string>() : "";
         o.strict                    = args.count("strict") > 0;
+        o.image_max_tokens          = args.count("image-max-tokens") ? ecokv::tools::int_in_range(args, "image-max-tokens", 1, 1 << 20) : 0;
         const ecokv::eval_plan plan = ecokv::plan_eval(o);  // every check before the model loads
 
         el::set_verbose(args.count("verbose") > 0);
@@ -129,6 +132,7 @@ int ecokv_eval(int argc, char ** argv) {
         so.model_path  = o.model;
         so.mmproj_path = o.projector;
         so.n_threads   = ecokv::tools::threads_from(args);
+        so.image_max_tokens = o.image_max_tokens;
         const el::session s(so);
         ecokv::run_eval(plan, *el::make_eval_engine(s, o.chunk), progress_printer());
         std::fprintf(stderr, "[eval] results in %s\n", plan.results_path.c_str());

@@ -48,6 +48,8 @@ struct dataset_results {
     std::vector<std::string>                                         method_order;
 };
 
+constexpr const char * k_smaller_image = "FullKV, smaller image";
+
 // " [window 32, mixkv_scale importance]": the values of the --tag keys a directory's config.json sets, so that one
 // method run with different settings in different directories makes different rows ("" when it sets none).
 std::string tag_suffix(const json & cfg, const std::vector<std::string> & tags) {
@@ -81,6 +83,9 @@ void read_dir(const std::string & dir, const std::vector<std::string> & tags,
     }
     results.metric           = metric;
     const std::string suffix = tag_suffix(cfg, tags);
+    // The full cache of images resized to at most N tokens (eval --image-max-tokens N) is the smaller-image
+    // baseline: a row of its own, in budget N's column.
+    const int32_t image_max_tokens = cfg.value("image_max_tokens", 0);
     std::vector<fs::path> files;
     for (const auto & e : fs::directory_iterator(dir)) {
         const std::string name = e.path().filename().string();
@@ -102,7 +107,13 @@ void read_dir(const std::string & dir, const std::vector<std::string> & tags,
                 }
                 throw error(f.string() + ":" + std::to_string(n) + ": not a results record (" + e.what() + ")");
             }
-            const std::string method = j.at("method").get<std::string>() + (j.at("method") == "full" ? "" : suffix);
+            const bool smaller_image = image_max_tokens > 0 && j.at("method") == "full";
+            const std::string method = smaller_image            ? std::string(k_smaller_image)
+                                       : j.at("method") == "full" ? std::string("full")
+                                                                  : j.at("method").get<std::string>() + suffix;
+            if (smaller_image) {
+                j["budget"] = image_max_tokens;
+            }
             if (j.contains("error")) {  // an item eval could not process
                 results.failed[{ method, j.at("budget").get<int32_t>() }][j.at("id").get<std::string>()] = j["error"];
                 if (std::find(results.method_order.begin(), results.method_order.end(), method) ==

@@ -72,6 +72,7 @@ struct eval_options {
     std::string              model;           // files, recorded in config.json by name and content hash
     std::string              projector;
     bool                     strict = false;  // an item that cannot be processed stops the run (else: recorded)
+    int32_t                  image_max_tokens = 0;  // images resized to at most this many tokens (0: as they are)
 };
 
 // A validated run: methods canonical, the items of this shard, the config, what was already done.
