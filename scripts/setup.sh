@@ -5,15 +5,16 @@
 # 64 entries per head, then the question is asked and answered from the smaller cache and compared with the
 # full cache.
 #   scripts/setup.sh [--no-demo] [--training]
-# --training also installs what vlm/train.py needs (PyTorch with OpenBLAS, matplotlib); CI does not train.
+# --training also installs what vlm/train*.py need (PyTorch with OpenBLAS); CI does not train. Pillow draws
+# tiny-qwen2vl's pages (vlm/gen_pages.py), matplotlib the plots of ecokv analyze.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build git pkg-config libgtest-dev libgmock-dev libbenchmark-dev
-          nlohmann-json3-dev libcxxopts-dev libcpp-httplib-dev curl python3-numpy)
+          nlohmann-json3-dev libcxxopts-dev libcpp-httplib-dev curl python3-numpy python3-pil python3-matplotlib)
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)  # npm fetches the llama.cpp source
 # Without libopenblas0-pthread Debian's torch runs on the reference BLAS, about 9x slower.
-[[ " $* " == *" --training "* ]] && packages+=(python3-torch libopenblas0-pthread python3-matplotlib)
+[[ " $* " == *" --training "* ]] && packages+=(python3-torch libopenblas0-pthread)
 
 missing=()
 for p in "${packages[@]}"; do

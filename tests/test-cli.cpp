@@ -328,6 +328,15 @@ TEST(cli, analyze_writes_the_analysis) {
         kept += k.get<double>();
     }
     EXPECT_NEAR(kept, 40.0, 1e-9);
+    // The figures (scripts/plot-analysis.py), or a note that python3 lacks matplotlib; a capture has no image.
+    if (contains(r.out, "plots skipped")) {
+        EXPECT_TRUE(contains(r.out, "matplotlib")) << describe(r);
+    } else {
+        for (const char * png : { "key-cosine.png", "redundancy.png", "correlation.png", "recent-kept.png" }) {
+            EXPECT_EQ(read_file(fx.out + "/an/" + png).substr(0, 8), "\x89PNG\r\n\x1a\n") << png << "\n" << describe(r);
+        }
+        EXPECT_FALSE(fs::exists(fx.out + "/an/kept-map-0.png"));
+    }
 
     const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
         { { "analyze", "-i", fx.capture, "-m", "snapkv" }, "--out" },

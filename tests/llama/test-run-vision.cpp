@@ -115,6 +115,14 @@ TEST(run_vision, analyze_maps_image_tokens_to_their_grid) {
     check_analyze_grid(q, "qwen2vl", { "--image-max-tokens", "9" }, expected_image_geometry(qc, 112, 84, -1, 9));
     const json small = q.run_json({ "-p", "<__media__> x", "--image-max-tokens", "9", "-n", "1" });
     EXPECT_EQ(small["image_tokens"].get<int>(), expected_image_geometry(qc, 112, 84, -1, 9).n_tokens);
+    // With plots: the kept-token map over the image (or a note that python3 lacks matplotlib).
+    const run_result plotted = run_cli(q.dir.path().string(), { "analyze", "--model", q.model, "--mmproj", q.mmproj,
+                                                                "--image", q.image, "-b", "6", "--window", "2", "--out",
+                                                                q.dir / "plots", "-t", "2" });
+    ASSERT_EQ(plotted.code, 0) << describe(plotted);
+    if (!contains(plotted.out, "plots skipped")) {
+        EXPECT_EQ(read_file(std::string(q.dir / "plots") + "/kept-map-0.png").substr(0, 4), "\x89PNG") << describe(plotted);
+    }
 
     tiny_mmproj_config lc;
     lc.type = mmproj_type::llava_mlp;
