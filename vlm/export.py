@@ -51,8 +51,8 @@ def write(gguf, path, arch, kv, tensors):
             os.remove(tmp)
 
 
-def text_model(sd, c, name):
-    tokens, types = vocab()
+def text_kv(c, name, tokens, types, rope_sections=None):
+    """The text model's metadata: shape, RoPE, and the character vocabulary as a SentencePiece tokenizer."""
     kv = [
         ("add_name", None, name),
         ("add_context_length", None, c.n_ctx),
@@ -77,6 +77,13 @@ def text_model(sd, c, name):
         ("add_add_eos_token", None, False),
         ("add_add_space_prefix", None, False),
     ]
+    if rope_sections is not None:
+        kv.insert(8, ("add_rope_dimension_sections", None, list(rope_sections)))
+    return kv
+
+
+def text_model(sd, c, name):
+    kv = text_kv(c, name, *vocab())
     return kv, [(name, f32(sd[key])) for key, part, name in tensor_names(c) if part == "text"]
 
 
@@ -140,23 +147,28 @@ def import_gguf(prefix, gguf_py=None):
     return {"model": sd, "config": c.to_dict(), "step": None}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def export_main(doc, default_name, arch, config_cls, text_fn, projector_fn):
+    """The command line of export.py and export_qwen2vl.py: CHECKPOINT --out PREFIX [--name N] [--gguf-py DIR]."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint")
     ap.add_argument("--out", required=True, help="path prefix: writes PREFIX.gguf and PREFIX-mmproj.gguf")
     ap.add_argument("--gguf-py", default=os.path.join(HERE, "..", "third_party", "llama.cpp", "gguf-py"))
-    ap.add_argument("--name", default="ecokv tiny-vlm")
+    ap.add_argument("--name", default=default_name)
     a = ap.parse_args()
     gguf = load_gguf_py(a.gguf_py)
     if not os.path.isfile(a.checkpoint):
         sys.exit(f"export: {a.checkpoint}: no such checkpoint")
     ck = torch.load(a.checkpoint, map_location="cpu")
-    c = Config(**ck["config"])
+    c = config_cls(**ck["config"])
     sd = ck["model"]
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    write(gguf, a.out + ".gguf", "llama", *text_model(sd, c, a.name))
-    write(gguf, a.out + "-mmproj.gguf", "clip", *projector(sd, c, a.name + " mmproj"))
+    write(gguf, a.out + ".gguf", arch, *text_fn(sd, c, a.name))
+    write(gguf, a.out + "-mmproj.gguf", "clip", *projector_fn(sd, c, a.name + " mmproj"))
     print(f"wrote {a.out}.gguf and {a.out}-mmproj.gguf (step {ck['step']})", file=sys.stderr)
+
+
+def main():
+    export_main(__doc__, "ecokv tiny-vlm", "llama", Config, text_model, projector)
 
 
 if __name__ == "__main__":

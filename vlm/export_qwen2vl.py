@@ -7,7 +7,6 @@ model (arch qwen2vl) and the mmproj (arch clip, projector type qwen2vl_merger), 
 writes PREFIX.gguf and PREFIX-mmproj.gguf (F32; each through a temp file, renamed when complete).
 """
 
-import argparse
 import os
 import sys
 
@@ -15,38 +14,13 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from export import f32, load_gguf_py, write  # noqa: E402
-from model import BOS, CLIP_MEAN, CLIP_STD, EOS, UNK  # noqa: E402
+from export import export_main, f32, text_kv  # noqa: E402
+from model import CLIP_MEAN, CLIP_STD  # noqa: E402
 from qwen2vl import Config, vocab  # noqa: E402
 
 
 def text_model(sd, c, name):
-    tokens, types = vocab()
-    kv = [
-        ("add_name", None, name),
-        ("add_context_length", None, c.n_ctx),
-        ("add_embedding_length", None, c.n_embd),
-        ("add_block_count", None, c.n_layer),
-        ("add_feed_forward_length", None, c.n_ff),
-        ("add_head_count", None, c.n_head),
-        ("add_head_count_kv", None, c.n_head_kv),
-        ("add_rope_dimension_count", None, c.n_embd // c.n_head),
-        ("add_rope_dimension_sections", None, list(c.rope_sections)),
-        ("add_rope_freq_base", None, c.rope_base),
-        ("add_layer_norm_rms_eps", None, c.rms_eps),
-        ("add_vocab_size", None, c.n_vocab),
-        ("add_file_type", None, 0),  # all F32
-        ("add_tokenizer_model", None, "llama"),
-        ("add_token_list", None, tokens),
-        ("add_token_scores", None, [0.0] * len(tokens)),
-        ("add_token_types", None, types),
-        ("add_bos_token_id", None, BOS),
-        ("add_eos_token_id", None, EOS),
-        ("add_unk_token_id", None, UNK),
-        ("add_add_bos_token", None, True),
-        ("add_add_eos_token", None, False),
-        ("add_add_space_prefix", None, False),
-    ]
+    kv = text_kv(c, name, *vocab(), rope_sections=c.rope_sections)
     t = [("token_embd.weight", f32(sd["tok.weight"]))]
     for i in range(c.n_layer):
         p, b = f"layers.{i}.", f"blk.{i}."
@@ -95,22 +69,7 @@ def projector(sd, c, name):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoint")
-    ap.add_argument("--out", required=True, help="path prefix: writes PREFIX.gguf and PREFIX-mmproj.gguf")
-    ap.add_argument("--gguf-py", default=os.path.join(HERE, "..", "third_party", "llama.cpp", "gguf-py"))
-    ap.add_argument("--name", default="ecokv tiny-qwen2vl")
-    a = ap.parse_args()
-    gguf = load_gguf_py(a.gguf_py)
-    if not os.path.isfile(a.checkpoint):
-        sys.exit(f"export: {a.checkpoint}: no such checkpoint")
-    ck = torch.load(a.checkpoint, map_location="cpu")
-    c = Config(**ck["config"])
-    sd = ck["model"]
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    write(gguf, a.out + ".gguf", "qwen2vl", *text_model(sd, c, a.name))
-    write(gguf, a.out + "-mmproj.gguf", "clip", *projector(sd, c, a.name + " mmproj"))
-    print(f"wrote {a.out}.gguf and {a.out}-mmproj.gguf (step {ck['step']})", file=sys.stderr)
+    export_main(__doc__, "ecokv tiny-qwen2vl", "qwen2vl", Config, text_model, projector)
 
 
 if __name__ == "__main__":

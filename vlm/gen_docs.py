@@ -269,16 +269,19 @@ def write_atomic(path, data):
     os.replace(tmp, path)
 
 
-def write_set(out, seed, count, task, n_fields=None):
+def write_set(out, seed, count, task, n_fields=None, make_item=None, encode_png=None):
+    """DIR/images/*.png and DIR/items.jsonl for items seed..seed+count-1; make_item(seed, task, n_fields) and
+    encode_png(image) default to this generator's (gen_pages.py passes its own)."""
+    make_item, encode_png = make_item or item, encode_png or png_bytes
     os.makedirs(os.path.join(out, "images"), exist_ok=True)
     lines = []
     for i in range(count):
         s = seed + i
-        it = item(s, task, n_fields)
+        it = make_item(s, task, n_fields)
         names = []
         for k, img in enumerate(it["images"]):
             name = f"images/{task}-{s}" + (f"-{k}" if len(it["images"]) > 1 else "") + ".png"
-            write_atomic(os.path.join(out, name), png_bytes(img))
+            write_atomic(os.path.join(out, name), encode_png(img))
             names.append(name)
         rec = {"id": f"{task}-{s}", "image": names, "question": it["question"], "answers": [it["answer"]],
                "type": it["type"]}

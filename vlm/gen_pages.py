@@ -24,7 +24,6 @@ writes DIR/images/*.png and DIR/items.jsonl, the `generated` dataset format of `
 
 import argparse
 import io
-import json
 import os
 import random
 import sys
@@ -170,28 +169,6 @@ def png_bytes(img):
     return buf.getvalue()
 
 
-def write_set(out, seed, count, task, n_fields=None, scale=None):
-    os.makedirs(os.path.join(out, "images"), exist_ok=True)
-    lines = []
-    for i in range(count):
-        s = seed + i
-        it = item(s, task, n_fields, scale)
-        names = []
-        for k, img in enumerate(it["images"]):
-            name = f"images/{task}-{s}" + (f"-{k}" if len(it["images"]) > 1 else "") + ".png"
-            gen_docs.write_atomic(os.path.join(out, name), png_bytes(img))
-            names.append(name)
-        rec = {"id": f"{task}-{s}", "image": names, "question": it["question"], "answers": [it["answer"]],
-               "type": it["type"]}
-        if it["context"]:
-            rec["context"] = it["context"]
-        lines.append(json.dumps(rec))
-        if (i + 1) % 100 == 0 or i + 1 == count:
-            print(f"\r{i + 1}/{count} items", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    gen_docs.write_atomic(os.path.join(out, "items.jsonl"), ("\n".join(lines) + "\n").encode())
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, required=True, help="first item's seed (held-out: < 250,000; 250,000-999,999 reserved)")
@@ -207,7 +184,8 @@ def main():
         ap.error("seeds 250,000-999,999 are reserved for external checks")
     if a.scale is not None and not 0 < a.scale <= 1:
         ap.error("--scale must be in (0, 1]")
-    write_set(a.out, a.seed, a.count, a.task, a.fields, a.scale)
+    gen_docs.write_set(a.out, a.seed, a.count, a.task, a.fields, lambda seed, task, n: item(seed, task, n, a.scale),
+                       png_bytes)
 
 
 if __name__ == "__main__":

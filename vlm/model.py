@@ -194,6 +194,21 @@ class Layer(nn.Module):
         return (x, probs) if keep_probs else x
 
 
+def init_weights(model, n_layer, types=(nn.Linear, nn.Embedding)):
+    """N(0, 0.02) weights and zero biases for the modules of `types`, then GPT-2's scaling of the residual
+    projections by depth (both models; the order of the draws is part of what a training seed reproduces)."""
+    def init(m):
+        if isinstance(m, types):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    model.apply(init)
+    for name, p in model.named_parameters():
+        if name.endswith(("wo.weight", "down.weight", ".o.weight")):
+            nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+
+
 class TinyVLM(nn.Module):
     def __init__(self, c):
         super().__init__()
@@ -205,17 +220,7 @@ class TinyVLM(nn.Module):
         self.out = nn.Linear(c.n_embd, c.n_vocab, bias=False)
         n_grid = c.image_size // c.patch_size
         self.where = nn.Linear(c.n_embd, 2 * n_grid)  # training-only probe: row and column of a patch
-        self.apply(self._init)
-        for name, p in self.named_parameters():  # GPT-2 style: scale residual projections by depth
-            if name.endswith(("wo.weight", "down.weight", ".o.weight")):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.n_layer))
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, 0.0, 0.02)
-            if getattr(m, "bias", None) is not None:
-                nn.init.zeros_(m.bias)
+        init_weights(self, c.n_layer)
 
     def embed(self, tokens, feats, image_slots):
         """Token embeddings with each image's projected patches (feats: vision() output, one row per image)

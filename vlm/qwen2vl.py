@@ -21,7 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import CLIP_MEAN, CLIP_STD, N_BYTES, RMSNorm, attention
+from model import CLIP_MEAN, CLIP_STD, N_BYTES, RMSNorm, attention, init_weights
+from model import VitBlock as LlavaVitBlock
 from model import vocab as char_vocab
 
 K_BIAS_NORM = 2.0
@@ -88,18 +89,8 @@ def vision_angles(ph, pw, d, base):
     return torch.cat((pos[:, :1] * inv, pos[:, 1:] * inv), -1)
 
 
-class VitBlock(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.n_head = c.v_head
-        self.ln1 = nn.LayerNorm(c.v_embd, eps=c.v_eps)
-        self.q = nn.Linear(c.v_embd, c.v_embd)
-        self.k = nn.Linear(c.v_embd, c.v_embd)
-        self.v = nn.Linear(c.v_embd, c.v_embd)
-        self.o = nn.Linear(c.v_embd, c.v_embd)
-        self.ln2 = nn.LayerNorm(c.v_embd, eps=c.v_eps)
-        self.up = nn.Linear(c.v_embd, c.v_ff)
-        self.down = nn.Linear(c.v_ff, c.v_embd)
+class VitBlock(LlavaVitBlock):
+    """tiny-vlm's block with 2-D rotary positions and a quick-GELU MLP."""
 
     def forward(self, x, angle):
         b, n, e = x.shape
@@ -196,22 +187,12 @@ class TinyQwen2VL(nn.Module):
         self.layers = nn.ModuleList(Layer(c) for _ in range(c.n_layer))
         self.norm = RMSNorm(c.n_embd, c.rms_eps)
         self.out = nn.Linear(c.n_embd, c.n_vocab, bias=False)
-        self.apply(self._init)
-        for name, p in self.named_parameters():  # GPT-2 style: scale residual projections by depth
-            if name.endswith(("wo.weight", "down.weight", ".o.weight")):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.n_layer))
+        init_weights(self, c.n_layer, (nn.Linear, nn.Embedding, nn.Conv2d))
         # Real Qwen2 checkpoints have large k_proj biases, a shared direction in every key that makes keys
         # anisotropic (the ECOKV paper's Figure 1). Without RoPE it would not change attention at all (q.b is
         # the same for every key); with M-RoPE it changes little. Start each head's bias at norm K_BIAS_NORM.
         for layer in self.layers:
             nn.init.normal_(layer.wk.bias, 0.0, K_BIAS_NORM / math.sqrt(c.n_embd // c.n_head))
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv2d)):
-            nn.init.normal_(m.weight, 0.0, 0.02)
-            if getattr(m, "bias", None) is not None:
-                nn.init.zeros_(m.bias)
 
     def embed(self, tokens, feats, image_slots):
         """Token embeddings with image tokens written over their placeholder slots; feats: list of (n, n_embd)

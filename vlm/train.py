@@ -203,6 +203,28 @@ def save(path, model, opt, step, seconds, args):
     os.replace(tmp, path)
 
 
+def resume(ckpt_path, model, opt):
+    """(step, seconds trained) of the checkpoint loaded into model and opt; (0, 0) without one."""
+    if not os.path.exists(ckpt_path):
+        return 0, 0.0
+    ck = torch.load(ckpt_path)
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["opt"])
+    print(f"resumed at step {ck['step']}", file=sys.stderr)
+    return ck["step"], ck["seconds"]
+
+
+def open_log(run):
+    """RUN/log.csv for appending (with its header when new) and its csv writer."""
+    path = os.path.join(run, "log.csv")
+    new = not os.path.exists(path)
+    log = open(path, "a", newline="")
+    writer = csv.writer(log)
+    if new:
+        writer.writerow(["step", "seconds", "loss", "glyph_loss", "pointer_loss", "lr", "eval_exact"])
+    return log, writer
+
+
 def lr_at(step, args):
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
@@ -237,23 +259,12 @@ def main():
     torch.manual_seed(args.seed)
     model = TinyVLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    step, seconds0 = 0, 0.0
-    if os.path.exists(ckpt_path):
-        ck = torch.load(ckpt_path)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step, seconds0 = ck["step"], ck["seconds"]
-        print(f"resumed at step {step}", file=sys.stderr)
+    step, seconds0 = resume(ckpt_path, model, opt)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{n_params / 1e6:.2f} M parameters; config {json.dumps(config.to_dict())}", file=sys.stderr)
 
     held_out = [gen_docs.item(EVAL_SEED + i, "qa") for i in range(args.eval_items)]
-    log_path = os.path.join(args.run, "log.csv")
-    new_log = not os.path.exists(log_path)
-    log = open(log_path, "a", newline="")
-    writer = csv.writer(log)
-    if new_log:
-        writer.writerow(["step", "seconds", "loss", "glyph_loss", "pointer_loss", "lr", "eval_exact"])
+    log, writer = open_log(args.run)
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

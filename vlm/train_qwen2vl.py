@@ -21,7 +21,6 @@ model reads smaller images too); multi-page needle items (6%) join at step 2000.
 """
 
 import argparse
-import csv
 import json
 import os
 import random
@@ -38,7 +37,7 @@ import gen_docs  # noqa: E402
 import gen_pages  # noqa: E402
 from model import EOS, decode, encode  # noqa: E402
 from qwen2vl import Config, TinyQwen2VL, extend, prompt, vocab  # noqa: E402
-from train import lr_at, save  # noqa: E402
+from train import lr_at, open_log, resume, save  # noqa: E402
 
 EVAL_SEED = 230_000  # held-out watch set (below 250,000: 250,000-999,999 are reserved)
 
@@ -227,25 +226,14 @@ def main():
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
-    step, seconds0 = 0, 0.0
-    if os.path.exists(ckpt_path):
-        ck = torch.load(ckpt_path)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step, seconds0 = ck["step"], ck["seconds"]
-        print(f"resumed at step {step}", file=sys.stderr)
+    step, seconds0 = resume(ckpt_path, model, opt)
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; config "
           f"{json.dumps(config.to_dict())}", file=sys.stderr)
     pointer_layers = [int(x) for x in args.pointer_layers.split(",") if x]
     a0, a1 = (int(x) for x in args.pointer_anneal.split(","))
 
     held_out = [gen_pages.item(EVAL_SEED + i, "qa") for i in range(args.eval_items)]
-    log_path = os.path.join(args.run, "log.csv")
-    new_log = not os.path.exists(log_path)
-    log = open(log_path, "a", newline="")
-    writer = csv.writer(log)
-    if new_log:
-        writer.writerow(["step", "seconds", "loss", "glyph_loss", "pointer_loss", "lr", "eval_exact"])
+    log, writer = open_log(args.run)
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
