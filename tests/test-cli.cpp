@@ -343,6 +343,7 @@ TEST(cli, analyze_writes_the_analysis) {
         { { "analyze", "-i", fx.in + "/none.safetensors", "--out", fx.out + "/x" }, "none.safetensors" },
         { { "analyze", "-i", fx.capture, "--bins", "0", "--out", fx.out + "/x" }, "--bins 0" },
         { { "analyze", "-i", fx.capture, "-m", "nosuch", "--out", fx.out + "/x" }, "nosuch" },
+        { { "analyze", "-i", fx.capture, "-p", "hello", "--out", fx.out + "/x" }, "--input analyses a capture file; --prompt" },
     };
     for (const auto & [args, message] : bad) {
         const run_result e = fx.run(args);

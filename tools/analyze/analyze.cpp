@@ -193,6 +193,14 @@ int ecokv_analyze(int argc, char ** argv) {
             std::printf("wrote %s\n", (dir / "analysis.json").string().c_str());
         };
         if (args.count("input")) {
+#ifdef ECOKV_HAVE_LLAMA
+            for (const char * o : { "model", "mmproj", "image", "prompt", "file", "question", "image-max-tokens" }) {
+                if (args.count(o)) {
+                    throw ecokv::error(std::string("--input analyses a capture file; --") + o +
+                                       " belongs to a model run: give one or the other");
+                }
+            }
+#endif
             const std::string         input = args["input"].as<std::string>();
             const ecokv::capture_file cap   = ecokv::capture_file::open(input);
             analyse(cap.view(), { { "input", std::filesystem::path(input).filename().string() } });
