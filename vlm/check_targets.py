@@ -135,7 +135,7 @@ def data_targets(kind, n):
         tokens.append(glyph.size)
         background.append(1 - glyph.mean())
         dark = img.min(-1) < 100
-        patch = 4 if kind is Qwen else 8
+        patch = 4 if isinstance(kind, Qwen) else 8
         for r, c in zip(*np.nonzero(glyph)):
             ys, xs = np.nonzero(dark[r * 8: r * 8 + 8, c * 8: c * 8 + 8])
             spans.append(len(set(ys // patch)) >= 2 and len(set(xs // patch)) >= 2)
