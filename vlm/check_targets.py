@@ -9,7 +9,7 @@
 Three groups of measures, on held-out items (seeds 240200..240219 for pages, 240300..240399 for questions; below
 the reserved 250,000-999,999 and apart from every evaluation set):
 - data (the generator): image tokens per page at the default size, share of background cells, and whether every
-  glyph's ink covers 2x2 ViT patches;
+  glyph's ink covers 2x2 ViT patches (the 5x7 box of tiny-qwen2vl's glyphs always does; narrow characters' ink not);
 - geometry (the export run by llama.cpp: `ecokv analyze` and `ecokv run --dump-capture` on each page): mean pairwise
   key cosine per (layer, KV head) (Figure 1), the share of background image tokens whose key has a near-duplicate
   (another image token's key at cosine >= 0.95 in the same head), and ECOKV's r_C, r_E and lambda per head;

@@ -4,7 +4,7 @@ ECOKV paper's premises can be measured on it (issue 14):
 
 - a page is ROWS x COLS cells of 8x8 pixels, ROWS and COLS in 20..24, so Qwen2-VL's projector (4-pixel ViT
   patches, merged 2x2) gives one image token per cell: 400-576 image tokens at the default size;
-- every glyph (the 5x7 font) sits at a random offset inside its cell (x 0..3, y 0..1), so it covers 2x2 ViT
+- every glyph (the 5x7 font) sits at a random offset inside its cell (x 0..3, y 0..1), so its box covers 2x2 ViT
   patches and its strokes fall on different pixels of the patches each time;
 - the text (gen_docs's receipts, forms and tables, 16 characters wide) has a random margin and line spacing 1 or
   2, so most cells are background (the page's `background` share is reported by check_pages.py);
