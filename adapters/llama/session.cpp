@@ -160,7 +160,10 @@ std::string with_media_markers(std::string text, size_t n_images) {
 // An M-RoPE image's last token sits at (row, column) = (rows - 1, columns - 1) of its grid, all at one temporal
 // position; other projectors place image tokens one after the other and say nothing of a grid.
 media_grid image_grid(const mtmd_image_tokens * t, int32_t first_cell) {
-    const auto             n    = int32_t(mtmd_image_tokens_get_n_tokens(t));
+    const auto n = int32_t(mtmd_image_tokens_get_n_tokens(t));
+    if (n == 0) {
+        return { first_cell, 0, 0 };
+    }
     const mtmd_decoder_pos last = mtmd_image_tokens_get_decoder_pos(t, 0, size_t(n - 1));
     if (n > 1 && last.t == 0) {
         return { first_cell, int32_t(last.y) + 1, int32_t(last.x) + 1 };
