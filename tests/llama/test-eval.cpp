@@ -346,6 +346,24 @@ TEST(eval, resuming_with_other_method_options_is_refused) {
     }
 }
 
+// --image-max-tokens N is part of the run (config.json; a resume with another N is refused), and report shows its full
+// cache as the smaller-image baseline in budget N's column.
+TEST(eval, image_max_tokens_is_the_smaller_image_baseline) {
+    const eval_fixture f;
+    const std::string  out  = f.dir / "small";
+    const std::vector<std::string> args = { "--methods", "full", "--budgets", "9", "--image-max-tokens", "9" };
+    const run_result   r    = f.eval(out, args);
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_EQ(json::parse(read_file(out + "/config.json"))["image_max_tokens"], 9);
+    const run_result again = f.eval(out, { "--methods", "full", "--budgets", "9", "--image-max-tokens", "10" });
+    EXPECT_EQ(again.code, 1) << describe(again);
+    EXPECT_TRUE(contains(again.err, "image_max_tokens 9 there, 10 here")) << describe(again);
+    const json table = f.report({ out })["generated"];
+    ASSERT_EQ(table["scores"].size(), 1u) << table.dump();
+    EXPECT_EQ(table["scores"][0]["method"], "FullKV, smaller image");
+    EXPECT_EQ(table["scores"][0]["budget"], 9);
+}
+
 TEST(eval, bad_options_are_rejected) {
     const eval_fixture f;
     const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
