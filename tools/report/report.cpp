@@ -236,6 +236,169 @@ std::string delta_column(const std::string & baseline) {
     return "delta_vs_" + (baseline.rfind(uniform, 0) == 0 ? baseline.substr(uniform.size()) : baseline);
 }
 
+// The three forms of the report, written side by side.
+struct report {
+    std::ostringstream md, csv;
+    json               js = json::object();
+};
+
+// The compressed runs' budgets, largest first as in the papers (256, 128, 64).
+std::vector<int32_t> budgets_of(const dataset_results & res) {
+    std::vector<int32_t> budgets;
+    for (const auto & [k, v] : res.items) {
+        if (k.method != "full" && std::find(budgets.begin(), budgets.end(), k.budget) == budgets.end()) {
+            budgets.push_back(k.budget);
+        }
+    }
+    std::sort(budgets.rbegin(), budgets.rend());
+    return budgets;
+}
+
+// One cell of the table: the score (x100) over n items, its standard error, and the paired difference from the
+// baseline's cell at the same budget when there is one.
+struct cell_score {
+    double  score = 0;
+    size_t  n     = 0;
+    mean_se own;
+    bool    has_delta = false;
+    double  delta     = 0;
+    mean_se diff;
+};
+
+// The methods x budgets table of one dataset, FullKV first; the rows of the CSV and of the JSON.
+void write_scores(const std::string & dataset, const dataset_results & res, const std::string & baseline,
+                  const std::vector<int32_t> & budgets, report & out) {
+    const std::string base_row    = resolve_baseline(baseline, res.method_order);
+    const bool        with_errors = !ecokv::find_metric(res.metric).corpus_only;
+    std::map<cell_key, std::pair<double, size_t>>     score;
+    std::map<cell_key, std::map<std::string, double>> per_item;
+    for (const auto & [k, by_id] : res.items) {
+        std::vector<ecokv::metric_item> items;
+        for (const auto & [id, it] : by_id) {
+            items.push_back(it);
+        }
+        const ecokv::metric_result r = ecokv::evaluate(res.metric, items);
+        score[k]                     = { 100.0 * r.score, r.n };
+        per_item[k]                  = item_scores(res.metric, by_id);
+    }
+    const auto cell_at = [&](const std::string & m, int32_t b) {
+        const cell_key k{ m, m == "full" ? 0 : b };
+        cell_score     c{ score[k].first, score[k].second, summarize([&] {
+                             std::vector<double> v;
+                             for (const auto & [id, x] : per_item[k]) {
+                                 v.push_back(x);
+                             }
+                             return v;
+                         }()) };
+        const cell_key base{ base_row, base_row == "full" ? 0 : b };
+        if (m != base_row && m != "full" && score.count(base)) {
+            c.has_delta = true;
+            c.delta     = c.score - score[base].first;
+            c.diff      = paired(per_item[k], per_item[base]);
+        }
+        return c;
+    };
+    out.md << "## " << dataset << " (" << res.metric << ", x100)\n\n";
+    table_header(out.md, budgets);
+    for (const std::string & m : res.method_order) {
+        out.md << "| " << label(m) << " |";
+        for (int32_t b : budgets) {
+            if (!score.count({ m, m == "full" ? 0 : b })) {
+                out.md << " - |";
+                continue;
+            }
+            const cell_score c = cell_at(m, b);
+            char             buf[96];
+            std::snprintf(buf, sizeof buf, with_errors ? " %.1f ±%.1f" : " %.1f", c.score, c.own.se);
+            out.md << buf;
+            if (c.has_delta) {
+                std::snprintf(buf, sizeof buf, with_errors ? " (%+.1f ±%.1f)" : " (%+.1f)", c.delta, c.diff.se);
+                out.md << buf;
+            }
+            out.md << " |";
+            if (m == "full" && b != budgets.front()) {
+                continue;  // FullKV is one row of the CSV and JSON
+            }
+            const int32_t budget = m == "full" ? 0 : b;
+            out.csv << dataset << "," << res.metric << "," << label(m) << "," << budget << "," << c.score << ","
+                    << c.n << "," << (with_errors ? std::to_string(c.own.se) : "") << ","
+                    << (c.has_delta ? std::to_string(c.delta) : "") << ","
+                    << (c.has_delta && with_errors ? std::to_string(c.diff.se) : "") << ","
+                    << (c.has_delta && with_errors ? std::to_string(c.diff.n) : "") << "\n";
+            json & table     = out.js[dataset];
+            table["metric"]   = res.metric;
+            table["baseline"] = label(base_row.empty() ? baseline : base_row);
+            json row = { { "method", label(m) }, { "budget", budget }, { "score", c.score }, { "n", c.n } };
+            if (with_errors) {
+                row["se"] = c.own.se;
+            }
+            if (c.has_delta) {
+                row["delta"] = c.delta;
+                if (with_errors) {
+                    row["delta_se"] = c.diff.se;
+                    row["n_paired"] = c.diff.n;
+                }
+            }
+            table["scores"].push_back(row);
+        }
+        out.md << "\n";
+    }
+    out.md << "\n";
+}
+
+// The items eval could not process: the scores are over the others.
+void write_failed(const std::string & dataset, const dataset_results & res, report & out) {
+    for (const auto & [k, by_id] : res.failed) {
+        out.md << "Failed items, " << label(k.method) << (k.method == "full" ? "" : " " + std::to_string(k.budget))
+               << ": " << by_id.size() << " (first: " << by_id.begin()->first << ": " << by_id.begin()->second << ")\n";
+        out.js[dataset]["failed"].push_back({ { "method", label(k.method) }, { "budget", k.budget },
+                                              { "n", by_id.size() } });
+    }
+    if (!res.failed.empty()) {
+        out.md << "\n";
+    }
+}
+
+// How close each compressed cache stays to the full one (needs no gold answers).
+void write_fidelity(const std::string & dataset, const dataset_results & res, const std::vector<int32_t> & budgets,
+                    report & out) {
+    if (res.fidelity.empty()) {
+        return;
+    }
+    out.md << "Fidelity to FullKV, teacher-forced on FullKV's answer (greedy agreement / mean KL / relative "
+              "error of the attention output, mean over layers):\n\n";
+    table_header(out.md, budgets);
+    for (const std::string & m : res.method_order) {
+        if (m == "full") {
+            continue;
+        }
+        out.md << "| " << label(m) << " |";
+        for (int32_t b : budgets) {
+            fidelity_sum f;
+            if (const auto it = res.fidelity.find({ m, b }); it != res.fidelity.end()) {
+                for (const auto & [id, v] : it->second) {
+                    f.agreement += v.agreement;
+                    f.kl += v.kl;
+                    f.attn += v.attn;
+                    ++f.n;
+                }
+            }
+            const double n = double(f.n ? f.n : 1);
+            char         buf[96];
+            std::snprintf(buf, sizeof buf, f.n ? " %.3f / %.4f / %.3f |" : " - |", f.agreement / n, f.kl / n,
+                          f.attn / n);
+            out.md << buf;
+            if (f.n) {
+                out.js[dataset]["fidelity"].push_back({ { "method", label(m) }, { "budget", b },
+                                                        { "agreement", f.agreement / n }, { "mean_kl", f.kl / n },
+                                                        { "attn_rel_error", f.attn / n }, { "n", f.n } });
+            }
+        }
+        out.md << "\n";
+    }
+    out.md << "\n";
+}
+
 }  // namespace
 
 int ecokv_report(int argc, char ** argv) {
@@ -280,141 +443,21 @@ int ecokv_report(int argc, char ** argv) {
             throw error("--baseline " + baseline +
                         ": no results for it in the directories given; methods there: " + known);
         }
-        std::ostringstream md, csv;
-        json               js = json::object();
-        csv << "dataset,metric,method,budget,score,n,se," << delta_column(baseline) << ",delta_se,n_paired\n";
+        report out;
+        out.csv << "dataset,metric,method,budget,score,n,se," << delta_column(baseline) << ",delta_se,n_paired\n";
         for (auto & [dataset, res] : all) {
-            std::vector<int32_t> budgets;
-            for (const auto & [k, v] : res.items) {
-                if (k.method != "full" && std::find(budgets.begin(), budgets.end(), k.budget) == budgets.end()) {
-                    budgets.push_back(k.budget);
-                }
-            }
-            std::sort(budgets.rbegin(), budgets.rend());  // as the papers: 256, 128, 64
             std::stable_partition(res.method_order.begin(), res.method_order.end(),
                                   [](const std::string & m) { return m == "full"; });
-            const std::string base_row = resolve_baseline(baseline, res.method_order);
-            std::map<cell_key, std::pair<double, size_t>> score;
-            std::map<cell_key, std::map<std::string, double>> per_item;
-            for (const auto & [k, by_id] : res.items) {
-                std::vector<ecokv::metric_item> items;
-                for (const auto & [id, it] : by_id) {
-                    items.push_back(it);
-                }
-                const ecokv::metric_result r = ecokv::evaluate(res.metric, items);
-                score[k]                     = { 100.0 * r.score, r.n };
-                per_item[k]                  = item_scores(res.metric, by_id);
-            }
-            const bool with_errors = !ecokv::find_metric(res.metric).corpus_only;
-            md << "## " << dataset << " (" << res.metric << ", x100)\n\n";
-            table_header(md, budgets);
-            for (const std::string & m : res.method_order) {
-                md << "| " << label(m) << " |";
-                for (int32_t b : budgets) {
-                    const cell_key k{ m, m == "full" ? 0 : b };
-                    if (!score.count(k)) {
-                        md << " - |";
-                        continue;
-                    }
-                    const double  s  = score[k].first;
-                    const mean_se own = summarize([&] {
-                        std::vector<double> v;
-                        for (const auto & [id, x] : per_item[k]) {
-                            v.push_back(x);
-                        }
-                        return v;
-                    }());
-                    char buf[96];
-                    std::snprintf(buf, sizeof buf, with_errors ? " %.1f ±%.1f" : " %.1f", s, own.se);
-                    md << buf;
-                    std::string    delta, delta_se, n_paired;
-                    mean_se        diff;
-                    const cell_key base{ base_row, base_row == "full" ? 0 : b };
-                    if (m != base_row && m != "full" && score.count(base)) {
-                        diff = paired(per_item[k], per_item[base]);
-                        std::snprintf(buf, sizeof buf, with_errors ? " (%+.1f ±%.1f)" : " (%+.1f)",
-                                      s - score[base].first, diff.se);
-                        md << buf;
-                        delta = std::to_string(s - score[base].first);
-                        if (with_errors) {
-                            delta_se = std::to_string(diff.se);
-                            n_paired = std::to_string(diff.n);
-                        }
-                    }
-                    md << " |";
-                    if (m != "full" || b == budgets.front()) {
-                        csv << dataset << "," << res.metric << "," << label(m) << "," << k.budget << "," << s << ","
-                            << score[k].second << "," << (with_errors ? std::to_string(own.se) : "") << "," << delta
-                            << "," << delta_se << "," << n_paired << "\n";
-                        js[dataset]["metric"]   = res.metric;
-                        js[dataset]["baseline"] = label(base_row.empty() ? baseline : base_row);
-
-                        json row = { { "method", label(m) }, { "budget", k.budget }, { "score", s } };
-                        row["n"] = score[k].second;
-                        if (with_errors) {
-                            row["se"] = own.se;
-                        }
-                        if (!delta.empty()) {
-                            row["delta"] = s - score[base].first;
-                            if (with_errors) {
-                                row["delta_se"] = diff.se;
-                                row["n_paired"] = diff.n;
-                            }
-                        }
-                        js[dataset]["scores"].push_back(row);
-                    }
-                }
-                md << "\n";
-            }
-            md << "\n";
-            for (const auto & [k, by_id] : res.failed) {  // scores are over the items that could be processed
-                md << "Failed items, " << label(k.method) << (k.method == "full" ? "" : " " + std::to_string(k.budget))
-                   << ": " << by_id.size() << " (first: " << by_id.begin()->first << ": " << by_id.begin()->second
-                   << ")\n";
-                js[dataset]["failed"].push_back({ { "method", label(k.method) }, { "budget", k.budget },
-                                                  { "n", by_id.size() } });
-            }
-            if (!res.failed.empty()) {
-                md << "\n";
-            }
-            if (!res.fidelity.empty()) {  // without gold answers: how close each cache stays to the full one
-                md << "Fidelity to FullKV, teacher-forced on FullKV's answer (greedy agreement / mean KL / relative "
-                      "error of the attention output, mean over layers):\n\n";
-                table_header(md, budgets);
-                for (const std::string & m : res.method_order) {
-                    if (m == "full") {
-                        continue;
-                    }
-                    md << "| " << label(m) << " |";
-                    for (int32_t b : budgets) {
-                        fidelity_sum f;
-                        for (const auto & [id, v] : res.fidelity[{ m, b }]) {
-                            f.agreement += v.agreement;
-                            f.kl += v.kl;
-                            f.attn += v.attn;
-                            ++f.n;
-                        }
-                        const double n = double(f.n ? f.n : 1);
-                        char         buf[96];
-                        std::snprintf(buf, sizeof buf, f.n ? " %.3f / %.4f / %.3f |" : " - |", f.agreement / n, f.kl / n,
-                                      f.attn / n);
-                        md << buf;
-                        if (f.n) {
-                            js[dataset]["fidelity"].push_back({ { "method", label(m) }, { "budget", b },
-                                                                { "agreement", f.agreement / double(f.n) },
-                                                                { "mean_kl", f.kl / double(f.n) },
-                                                                { "attn_rel_error", f.attn / double(f.n) }, { "n", f.n } });
-                        }
-                    }
-                    md << "\n";
-                }
-                md << "\n";
-            }
+            const std::vector<int32_t> budgets = budgets_of(res);
+            write_scores(dataset, res, baseline, budgets, out);
+            write_failed(dataset, res, out);
+            write_fidelity(dataset, res, budgets, out);
         }
-        std::fputs(md.str().c_str(), stdout);
+        std::fputs(out.md.str().c_str(), stdout);
         const std::string prefix = args.count("out") ? args["out"].as<std::string>() : dirs.front() + "/report";
-        ecokv::write_files_atomic(
-            { { prefix + ".md", md.str() }, { prefix + ".csv", csv.str() }, { prefix + ".json", js.dump(2) + "\n" } });
+        ecokv::write_files_atomic({ { prefix + ".md", out.md.str() },
+                                    { prefix + ".csv", out.csv.str() },
+                                    { prefix + ".json", out.js.dump(2) + "\n" } });
         return 0;
     });
 }
