@@ -143,12 +143,12 @@ def batch_losses(model, items, max_questions, pointer_layers):
                 sums[1] = sums[1] + F.cross_entropy(model.glyph_logits(f), g, reduction="sum")
                 counts[1] += g.numel()
         if len(pointers):
-            group_heads = range(0, c.n_head, c.n_head // c.n_head_kv)  # one query head per KV group
-            for il in pointer_layers:
-                for h in group_heads:
-                    pr = probs[il][pointers[:, 0], h, pointers[:, 1], pointers[:, 2]]
-                    sums[2] = sums[2] - torch.log(pr + 1e-6).sum()
-                    counts[2] += len(pointers)
+            heads = torch.arange(0, c.n_head, c.n_head // c.n_head_kv)[None]  # one query head per KV group
+            row, query, key = (pointers[:, i, None] for i in range(3))
+            for il in pointer_layers:  # one gather per layer: its backward fills the probabilities' gradient once
+                pr = probs[il][row, heads, query, key]  # (pointers, KV groups)
+                sums[2] = sums[2] - torch.log(pr + 1e-6).sum()
+                counts[2] += pr.numel()
     return [s / max(1, n) for s, n in zip(sums, counts)]
 
 
