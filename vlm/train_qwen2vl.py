@@ -124,13 +124,23 @@ def vision_feats(model, images):
     return out
 
 
+def length_groups(items, size=6):
+    """The items in groups of at most `size` of the same image count and similar image area, so that little of a
+    forward pass is padding (attention costs the square of the longest sequence of a group)."""
+    out = []
+    for n_images in sorted({len(it["images"]) for it in items}):
+        group = sorted((it for it in items if len(it["images"]) == n_images),
+                       key=lambda it: sum(img.shape[0] * img.shape[1] for img in it["images"]))
+        out += [group[i: i + size] for i in range(0, len(group), size)]
+    return out
+
+
 def batch_losses(model, items, max_questions, pointer_layers):
     """Answer, glyph and pointer losses, each a mean over all its terms in the batch. Items run in groups of the
-    same image count (a 3-page item would otherwise pad every single page to its length)."""
+    same image count and similar length (a 3-page item would otherwise pad every single page to its length)."""
     sums, counts = [torch.zeros(()) for _ in range(3)], [0] * 3
     c = model.c
-    for n_images in sorted({len(it["images"]) for it in items}):
-        group = [it for it in items if len(it["images"]) == n_images]
+    for group in length_groups(items):
         tokens, positions, target, slots, glyphs, pointers = make_batch(group, max_questions)
         feats = vision_feats(model, [img for it in group for img in it["images"]])
         logits, probs = model(model.embed(tokens[:, :-1], feats, slots), positions[:, :-1], pointer_layers)
