@@ -87,13 +87,15 @@ def text_model(sd, c, name):
     return kv, [(name, f32(sd[key])) for key, part, name in tensor_names(c) if part == "text"]
 
 
-def projector(sd, c, name):
-    kv = [
+def vision_kv(c, name, projector_type, use_gelu):
+    """The projector's metadata: its type, the ViT's shape and CLIP's normalisation. use_gelu: the ViT MLP's GELU is
+    the tanh form (ggml_gelu), else quick GELU."""
+    return [
         ("add_name", None, name),
         ("add_bool", "clip.has_vision_encoder", True),
         ("add_bool", "clip.has_audio_encoder", False),
-        ("add_string", "clip.projector_type", "mlp"),
-        ("add_bool", "clip.use_gelu", True),  # ViT MLP: GELU (tanh form, ggml_gelu), not CLIP's quick GELU
+        ("add_string", "clip.projector_type", projector_type),
+        ("add_bool", "clip.use_gelu", use_gelu),
         ("add_uint32", "clip.vision.image_size", c.image_size),
         ("add_uint32", "clip.vision.patch_size", c.patch_size),
         ("add_uint32", "clip.vision.embedding_length", c.v_embd),
@@ -105,6 +107,10 @@ def projector(sd, c, name):
         ("add_array", "clip.vision.image_mean", list(CLIP_MEAN)),
         ("add_array", "clip.vision.image_std", list(CLIP_STD)),
     ]
+
+
+def projector(sd, c, name):
+    kv = vision_kv(c, name, "mlp", True)  # LLaVA's ViT MLP here: GELU, not CLIP's quick GELU
     return kv, [(name, f32(sd[key])) for key, part, name in tensor_names(c) if part == "mmproj"]
 
 

@@ -14,8 +14,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from export import export_main, f32, text_kv  # noqa: E402
-from model import CLIP_MEAN, CLIP_STD  # noqa: E402
+from export import export_main, f32, text_kv, vision_kv  # noqa: E402
 from qwen2vl import Config, vocab  # noqa: E402
 
 
@@ -35,23 +34,7 @@ def text_model(sd, c, name):
 
 
 def projector(sd, c, name):
-    kv = [
-        ("add_name", None, name),
-        ("add_bool", "clip.has_vision_encoder", True),
-        ("add_bool", "clip.has_audio_encoder", False),
-        ("add_string", "clip.projector_type", "qwen2vl_merger"),
-        ("add_bool", "clip.use_gelu", False),  # ViT MLP: quick GELU, as Qwen2-VL
-        ("add_uint32", "clip.vision.image_size", c.image_size),
-        ("add_uint32", "clip.vision.patch_size", c.patch_size),
-        ("add_uint32", "clip.vision.embedding_length", c.v_embd),
-        ("add_uint32", "clip.vision.feed_forward_length", c.v_ff),
-        ("add_uint32", "clip.vision.block_count", c.v_block),
-        ("add_uint32", "clip.vision.projection_dim", c.n_embd),
-        ("add_uint32", "clip.vision.attention.head_count", c.v_head),
-        ("add_float32", "clip.vision.attention.layer_norm_epsilon", c.v_eps),
-        ("add_array", "clip.vision.image_mean", list(CLIP_MEAN)),
-        ("add_array", "clip.vision.image_std", list(CLIP_STD)),
-    ]
+    kv = vision_kv(c, name, "qwen2vl_merger", False)  # quick GELU, as Qwen2-VL
     v = "vision."
     w = sd[v + "patch.weight"]
     # Qwen2-VL's Conv3d over two frames becomes two Conv2d kernels summed over the same still image: all of the

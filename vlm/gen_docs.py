@@ -294,16 +294,29 @@ def write_set(out, seed, count, task, n_fields=None, make_item=None, encode_png=
     write_atomic(os.path.join(out, "items.jsonl"), ("\n".join(lines) + "\n").encode())
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def set_options(doc):
+    """The command line of both generators: --seed, --count, --out, --task, --fields."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, required=True, help="first item's seed (held-out: < 250,000; 250,000-999,999 reserved)")
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--task", choices=["qa", "read", "row", "multi"], default="qa")
     ap.add_argument("--fields", type=int, default=None, help="fields per page (default 4-7)")
-    a = ap.parse_args()
+    return ap
+
+
+def check_seeds(ap, a):
+    """Seeds from 0, at least one item, none in the reserved 250,000-999,999."""
     if a.seed < 0 or a.count <= 0:
         ap.error("--seed must be >= 0 and --count > 0")
+    if 250_000 <= a.seed + a.count - 1 and a.seed < FIRST_TRAIN_SEED:
+        ap.error("seeds 250,000-999,999 are reserved for external checks")
+
+
+def main():
+    ap = set_options(__doc__)
+    a = ap.parse_args()
+    check_seeds(ap, a)
     write_set(a.out, a.seed, a.count, a.task, a.fields)
 
 

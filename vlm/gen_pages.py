@@ -22,7 +22,6 @@ Usage: gen_pages.py --seed 0 --count 500 --out DIR [--task qa|read|row|multi] [-
 writes DIR/images/*.png and DIR/items.jsonl, the `generated` dataset format of `ecokv eval`.
 """
 
-import argparse
 import io
 import os
 import random
@@ -170,18 +169,10 @@ def png_bytes(img):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int, required=True, help="first item's seed (held-out: < 250,000; 250,000-999,999 reserved)")
-    ap.add_argument("--count", type=int, required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--task", choices=["qa", "read", "row", "multi"], default="qa")
-    ap.add_argument("--fields", type=int, default=None, help="fields per page (default 4-7)")
+    ap = gen_docs.set_options(__doc__)
     ap.add_argument("--scale", type=float, default=None, help="downscale pages by this factor (0 < F <= 1)")
     a = ap.parse_args()
-    if a.seed < 0 or a.count <= 0:
-        ap.error("--seed must be >= 0 and --count > 0")
-    if 250_000 <= a.seed + a.count - 1 and a.seed < 1_000_000:
-        ap.error("seeds 250,000-999,999 are reserved for external checks")
+    gen_docs.check_seeds(ap, a)
     if a.scale is not None and not 0 < a.scale <= 1:
         ap.error("--scale must be in (0, 1]")
     gen_docs.write_set(a.out, a.seed, a.count, a.task, a.fields, lambda seed, task, n: item(seed, task, n, a.scale),

@@ -203,6 +203,24 @@ def save(path, model, opt, step, seconds, args):
     os.replace(tmp, path)
 
 
+def run_options(doc, steps, batch, questions, save_every):
+    """The options both trainers take (run directory, schedule, batch, seed, threads, checkpoints, watch set), with
+    their defaults."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="run directory (checkpoint, log)")
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--questions", type=int, default=questions, help="questions asked per training image")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save-every", type=int, default=save_every)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--eval-items", type=int, default=128)
+    return ap
+
+
 def resume(ckpt_path, model, opt):
     """(step, seconds trained) of the checkpoint loaded into model and opt; (0, 0) without one."""
     if not os.path.exists(ckpt_path):
@@ -233,23 +251,12 @@ def lr_at(step, args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", required=True, help="run directory (checkpoint, log)")
-    ap.add_argument("--steps", type=int, default=6000)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--questions", type=int, default=4, help="questions asked per training image")
+    ap = run_options(__doc__, steps=6000, batch=32, questions=4, save_every=100)
     ap.add_argument("--glyph-weight", type=float, default=1.0,
                     help="weight of the per-patch character loss on the projector output (dense supervision)")
     ap.add_argument("--pointer-weight", type=float, default=1.0,
                     help="weight of the attention loss: head 0 of --pointer-layer points at each answer character")
     ap.add_argument("--pointer-layer", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--save-every", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=250)
-    ap.add_argument("--eval-items", type=int, default=128)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)

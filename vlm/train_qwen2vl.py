@@ -20,7 +20,6 @@ way to field questions by step 3000; from step 500 a fifth of the single pages a
 model reads smaller images too); multi-page needle items (6%) join at step 2000.
 """
 
-import argparse
 import json
 import os
 import random
@@ -37,7 +36,7 @@ import gen_docs  # noqa: E402
 import gen_pages  # noqa: E402
 from model import EOS, decode, encode  # noqa: E402
 from qwen2vl import Config, TinyQwen2VL, extend, prompt, vocab  # noqa: E402
-from train import lr_at, open_log, resume, save  # noqa: E402
+from train import lr_at, open_log, resume, run_options, save  # noqa: E402
 
 EVAL_SEED = 230_000  # held-out watch set (below 250,000: 250,000-999,999 are reserved)
 
@@ -207,22 +206,11 @@ def evaluate(model, items):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", required=True, help="run directory (checkpoint, log)")
-    ap.add_argument("--steps", type=int, default=4500)
-    ap.add_argument("--batch", type=int, default=12)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--questions", type=int, default=3, help="questions asked per training image")
+    ap = run_options(__doc__, steps=4500, batch=12, questions=3, save_every=50)
     ap.add_argument("--glyph-weight", type=float, default=1.0)
     ap.add_argument("--pointer-weight", type=float, default=1.0)
     ap.add_argument("--pointer-layers", default="2,3")
     ap.add_argument("--pointer-anneal", default="1500,3000", help="steps between which the pointer weight falls to 1/10")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--save-every", type=int, default=50)
-    ap.add_argument("--eval-every", type=int, default=250)
-    ap.add_argument("--eval-items", type=int, default=128)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
