@@ -157,6 +157,8 @@ std::string with_media_markers(std::string text, size_t n_images) {
 
 // ---- prompt ----------------------------------------------------------------------------------------------------
 
+namespace {
+
 // An M-RoPE image's last token sits at (row, column) = (rows - 1, columns - 1) of its grid, all at one temporal
 // position; other projectors place image tokens one after the other and say nothing of a grid.
 media_grid image_grid(const mtmd_image_tokens * t, int32_t first_cell) {
@@ -171,6 +173,8 @@ media_grid image_grid(const mtmd_image_tokens * t, int32_t first_cell) {
     const auto side = int32_t(std::lround(std::sqrt(double(n))));
     return side * side == n ? media_grid{ first_cell, side, side } : media_grid{ first_cell, 1, n };
 }
+
+}  // namespace
 
 struct prompt::impl {
     std::vector<llama_token>                         tokens;
