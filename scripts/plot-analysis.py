@@ -27,6 +27,14 @@ except ImportError:
     sys.exit(3)
 
 
+def save(fig, out, **kw):
+    """Through a temporary file, renamed when complete: an interrupted run leaves no half-written PNG."""
+    tmp = out + ".tmp.png"
+    fig.savefig(tmp, dpi=120, **kw)
+    plt.close(fig)
+    os.replace(tmp, out)
+
+
 def per_head(j, key):
     """(layers, KV heads) array of a per-head statistic."""
     n_layers = len(j["layers"])
@@ -51,8 +59,7 @@ def key_cosine(j, out):
     fig.colorbar(im, ax=ax, label="share of key pairs")
     ax.set_title("Key cosine per layer (Figure 1)\n" + title(j), fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, out)
 
 
 def redundancy(j, out):
@@ -67,8 +74,7 @@ def redundancy(j, out):
             ax.text(ih, il, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 else "k")
     fig.colorbar(im, ax=axes, shrink=0.8)
     fig.suptitle("Redundancy per layer and head (Figures 7-8); " + title(j), fontsize=8)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, out)
 
 
 def correlation(j, out):
@@ -84,8 +90,7 @@ def correlation(j, out):
     ax.legend(fontsize=7)
     ax.set_title("Importance-diversity correlation (Figures 4, 6)\n" + title(j), fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, out)
 
 
 def recent_kept(j, out):
@@ -97,8 +102,7 @@ def recent_kept(j, out):
     ax.set_ylim(0, 1.05)
     ax.set_title(f"Selection rate of the last {len(r)} tokens (Figure 5)\n" + title(j), fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, out)
 
 
 def kept_map(j, image, out):
@@ -122,8 +126,7 @@ def kept_map(j, image, out):
         ax.set_xticks([])
         ax.set_yticks([])
     fig.suptitle("Kept tokens (clear: kept by every head; dark red: dropped by every head)\n" + title(j), fontsize=8)
-    fig.savefig(out, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save(fig, out, bbox_inches="tight")
 
 
 def main():
