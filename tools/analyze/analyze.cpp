@@ -159,7 +159,9 @@ int ecokv_analyze(int argc, char ** argv) {
             ("h,help", "show this help");
         // clang-format on
 #ifdef ECOKV_HAVE_LLAMA
-        ecokv::tools::add_prompt_options(options);
+        ecokv::tools::add_prompt_options(
+            options, "question-agnostic mode: analyse the prompt compressed before any question is seen (the "
+                     "questions are not answered; repeatable)");
 #else
         options.add_options()("t,threads", "threads (0: all cores)", cxxopts::value<int32_t>()->default_value("0"));
 #endif

@@ -28,7 +28,7 @@ std::vector<std::string> strings(const cxxopts::ParseResult & args, const char *
 
 }  // namespace
 
-void add_prompt_options(cxxopts::Options & options) {
+void add_prompt_options(cxxopts::Options & options, const std::string & question_help) {
     // clang-format off
     options.add_options()
         ("model", "GGUF model (default: the bundled tiny VLM, tiny-vlm.gguf, with its mmproj)", cxxopts::value<std::string>())
@@ -39,8 +39,7 @@ void add_prompt_options(cxxopts::Options & options) {
             "llama.cpp's --image-max-tokens)", cxxopts::value<int32_t>())
         ("p,prompt", "prompt text (the context in question mode; may be left out with --image)", cxxopts::value<std::string>())
         ("f,file", "read the prompt from a file", cxxopts::value<std::string>())
-        ("question", "question-agnostic mode: compress after the prompt, then answer each question (repeatable)",
-            cxxopts::value<std::vector<std::string>>())
+        ("question", question_help, cxxopts::value<std::vector<std::string>>())
         ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
         ("verbose", "show llama.cpp's log");
     // clang-format on

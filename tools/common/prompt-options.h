@@ -20,7 +20,8 @@ struct prompt_options {
     bool                     main_job = false;  // nothing given: the bundled sample image and its question
 };
 
-void add_prompt_options(cxxopts::Options & options);
+// question_help says what --question does in this command (run answers the questions; analyze only needs the mode).
+void add_prompt_options(cxxopts::Options & options, const std::string & question_help);
 
 // Reads and checks the options of add_prompt_options (and sets llama.cpp's log level from --verbose).
 prompt_options prompt_options_from(const cxxopts::ParseResult & args);

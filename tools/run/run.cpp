@@ -33,7 +33,8 @@ struct run_options {
 bool parse(int argc, char ** argv, run_options & o) {
     cxxopts::Options options("ecokv run", "Prefill, compress the KV cache, decode from the compressed cache. Without "
                                           "options: the README's main job on the bundled tiny VLM.");
-    ecokv::tools::add_prompt_options(options);
+    ecokv::tools::add_prompt_options(
+        options, "question-agnostic mode: compress after the prompt, then answer each question (repeatable)");
     // clang-format off
     options.add_options()
         ("n,n-predict", "tokens to generate", cxxopts::value<int32_t>()->default_value("32"))

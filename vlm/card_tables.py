@@ -1,0 +1,68 @@
+"""Model-card tables from vlm/evaluate.sh's reports, and the reports copied beside the model.
+
+    python3 vlm/card_tables.py EVAL_OUT SET [--publish DIR]
+
+prints, for one set (qa-agnostic, qa-prompt, read-agnostic or multi-agnostic), the score tables of both protocols
+(`ecokv report`'s first table of OUT/SET-paper.md and OUT/SET-equal.md) under the headings the model cards use.
+--publish DIR also copies OUT/SET-{paper,equal}.{md,csv,json} into DIR, each through a temporary file.
+"""
+import argparse
+import os
+import shutil
+import sys
+
+HEADINGS = {
+    'paper': '**Paper windows** (each method at its paper\'s window: 32 for SnapKV, MixKV and the SnapKV-scored '
+             'allocators, ManifoldKV, KeyDiff, LOOK-M; 4 for ECOKV and StreamingLLM):',
+    'equal': '**Equal windows** (every method at window 8), with MixKV\'s and ECOKV\'s other SPEC §5.2 readings '
+             'as extra rows{smaller}:',
+}
+
+
+def first_table(path):
+    """The first Markdown table of an `ecokv report` file: the scores."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith('|'):
+                rows.append(line.rstrip('\n'))
+            elif rows:
+                break
+    if not rows:
+        sys.exit(f'card_tables: no table in {path}')
+    return rows
+
+
+def card_tables(out, name):
+    parts = []
+    for protocol in ('paper', 'equal'):
+        rows = first_table(os.path.join(out, f'{name}-{protocol}.md'))
+        smaller = any('smaller image' in r for r in rows)
+        heading = HEADINGS[protocol].format(smaller=' and the full cache of a smaller image' if smaller else '')
+        parts.append(heading + '\n\n' + '\n'.join(rows))
+    return '\n\n'.join(parts) + '\n'
+
+
+def publish(out, name, dest):
+    os.makedirs(dest, exist_ok=True)
+    for protocol in ('paper', 'equal'):
+        for ext in ('md', 'csv', 'json'):
+            base = f'{name}-{protocol}.{ext}'
+            tmp = os.path.join(dest, base + '.tmp')
+            shutil.copyfile(os.path.join(out, base), tmp)
+            os.replace(tmp, os.path.join(dest, base))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('out', help='vlm/evaluate.sh output directory')
+    ap.add_argument('set', help='qa-agnostic, qa-prompt, read-agnostic or multi-agnostic')
+    ap.add_argument('--publish', metavar='DIR', help='copy the set\'s reports into DIR')
+    a = ap.parse_args()
+    sys.stdout.write(card_tables(a.out, a.set))
+    if a.publish:
+        publish(a.out, a.set, a.publish)
+
+
+if __name__ == '__main__':
+    main()
