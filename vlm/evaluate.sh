@@ -11,6 +11,8 @@
 #   bash vlm/evaluate.sh [PREFIX] [OUT]      (defaults: models/tiny-vlm, vlm/runs/eval-<name of PREFIX>)
 #   LIMIT=20 bash vlm/evaluate.sh ...        (only the first 20 items of each set: a quick check)
 #   SETS="qa-agnostic qa-prompt" ...         (a subset of: qa-agnostic qa-prompt read-agnostic multi-agnostic)
+#   THREADS=2 ...                            (ecokv eval's threads; 1 by default: on models this small, syncing
+#                                             threads at every op costs more than the op, up to 20x beside training)
 #
 # The model decides the generator and budgets: a qwen2vl_merger projector is tiny-qwen2vl (vlm/gen_pages.py, about
 # 500 tokens a page, budgets 50/100/200), otherwise tiny-vlm (vlm/gen_docs.py, 147 tokens, budgets 16/32/64; its
@@ -26,6 +28,7 @@ out=${2:-vlm/runs/eval-$name}
 ecokv=build/bin/ecokv
 py=/usr/bin/python3
 window=${WINDOW:-8}
+threads=${THREADS:-1}
 sets=${SETS:-qa-agnostic qa-prompt read-agnostic multi-agnostic}
 methods=snapkv,snapkv+mixkv,snapkv+ecokv,pyramidkv+ecokv,adakv+ecokv,sparsemm+ecokv,madakv,manifoldkv,keydiff,lookm,streamingllm
 
@@ -49,7 +52,7 @@ eval_run() {  # data mode n_predict dir [options]: one ecokv eval, then its repo
     shift 4
     echo "== $dir" >&2
     "$ecokv" eval --model "$prefix.gguf" --mmproj "$prefix-mmproj.gguf" --dataset generated --data "$out/data/$data" \
-        --mode "$mode" -n "$n" --limit "${LIMIT:-0}" --head-scores "$prefix-head-scores.json" "$@" --out "$out/$dir"
+        --mode "$mode" -n "$n" --limit "${LIMIT:-0}" -t "$threads" --head-scores "$prefix-head-scores.json" "$@" --out "$out/$dir"
 }
 
 for set in $sets; do
