@@ -14,8 +14,7 @@ import sys
 HEADINGS = {
     'paper': '**Paper windows** (each method at its paper\'s window: 32 for SnapKV, MixKV and the SnapKV-scored '
              'allocators, ManifoldKV, KeyDiff, LOOK-M; 4 for ECOKV and StreamingLLM):',
-    'equal': '**Equal windows** (every method at window 8), with MixKV\'s and ECOKV\'s other SPEC §5.2 readings '
-             'as extra rows{smaller}:',
+    'equal': '**Equal windows** (every method at window 8){extra}:',
 }
 
 
@@ -37,8 +36,10 @@ def card_tables(out, name):
     parts = []
     for protocol in ('paper', 'equal'):
         rows = first_table(os.path.join(out, f'{name}-{protocol}.md'))
-        smaller = any('smaller image' in r for r in rows)
-        heading = HEADINGS[protocol].format(smaller=' and the full cache of a smaller image' if smaller else '')
+        extra = [what for key, what in (('mixkv_scale', 'MixKV\'s and ECOKV\'s other SPEC §5.2 readings'),
+                                        ('smaller image', 'the full cache of a smaller image'))
+                 if any(key in r for r in rows)]
+        heading = HEADINGS[protocol].format(extra=', with ' + ' and '.join(extra) + ' as extra rows' if extra else '')
         parts.append(heading + '\n\n' + '\n'.join(rows))
     return '\n\n'.join(parts) + '\n'
 
