@@ -20,6 +20,8 @@ HEADINGS = {
 
 def first_table(path):
     """The first Markdown table of an `ecokv report` file: the scores."""
+    if not os.path.isfile(path):
+        sys.exit(f'card_tables: {path} missing (vlm/evaluate.sh writes it)')
     rows = []
     with open(path) as f:
         for line in f:

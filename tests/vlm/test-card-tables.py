@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""vlm/card_tables.py: the first table of each protocol's report, under a heading naming the extra rows present;
+--publish copies the six report files and leaves no temporary file; a missing report, or one without a table, is
+an error.
+Usage: test-card-tables.py REPO_ROOT"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = sys.argv[1]
+SCRIPT = os.path.join(ROOT, "vlm", "card_tables.py")
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+PAPER = """## generated (exact, x100)
+
+| method | 64 |
+|---|---:|
+| FullKV | 90.0 ±3.0 |
+
+Fidelity to FullKV (greedy agreement / mean KL / relative error):
+
+| method | 64 |
+|---|---:|
+| uniform+snapkv | 0.5 / 1.0 / 0.2 |
+"""
+EQUAL = """## generated (exact, x100)
+
+| method | 64 |
+|---|---:|
+| uniform+mixkv [window 8, mixkv_scale importance] | 40.0 ±2.0 (+1.0 ±0.5) |
+| FullKV, smaller image | 30.0 ±2.0 (-9.0 ±2.0) |
+"""
+EXPECTED = """**Paper windows** (each method at its paper's window: 32 for SnapKV, MixKV and the SnapKV-scored allocators, \
+ManifoldKV, KeyDiff, LOOK-M; 4 for ECOKV and StreamingLLM):
+
+| method | 64 |
+|---|---:|
+| FullKV | 90.0 ±3.0 |
+
+**Equal windows** (every method at window 8), with MixKV's and ECOKV's other SPEC §5.2 readings and the full cache \
+of a smaller image as extra rows:
+
+| method | 64 |
+|---|---:|
+| uniform+mixkv [window 8, mixkv_scale importance] | 40.0 ±2.0 (+1.0 ±0.5) |
+| FullKV, smaller image | 30.0 ±2.0 (-9.0 ±2.0) |
+"""
+
+with tempfile.TemporaryDirectory() as tmp:
+    out, dest = os.path.join(tmp, "eval"), os.path.join(tmp, "card", "eval")
+    os.makedirs(out)
+    for protocol, md in (("paper", PAPER), ("equal", EQUAL)):
+        for ext, text in (("md", md), ("csv", f"csv {protocol}\n"), ("json", f'{{"{protocol}": 1}}\n')):
+            with open(os.path.join(out, f"qa-agnostic-{protocol}.{ext}"), "w") as f:
+                f.write(text)
+    r = subprocess.run([sys.executable, SCRIPT, out, "qa-agnostic", "--publish", dest], capture_output=True, text=True)
+    check(r.returncode == 0, f"exit 0 ({r.stderr.strip()})")
+    check(r.stdout == EXPECTED, "both protocols' score tables, fidelity left out, headings naming the extra rows")
+    if r.stdout != EXPECTED:
+        print(r.stdout)
+    published = sorted(os.listdir(dest))
+    check(published == sorted(f"qa-agnostic-{p}.{e}" for p in ("paper", "equal") for e in ("md", "csv", "json")),
+          f"six reports published, no temporary file: {published}")
+    check(open(os.path.join(dest, "qa-agnostic-equal.csv")).read() == "csv equal\n", "published bytes unchanged")
+
+    with open(os.path.join(out, "qa-agnostic-paper.md"), "w") as f:
+        f.write("## generated\n\nno table\n")
+    r = subprocess.run([sys.executable, SCRIPT, out, "qa-agnostic"], capture_output=True, text=True)
+    check(r.returncode != 0 and "no table in" in r.stderr, f"a report without a table is an error: {r.stderr.strip()}")
+
+    r = subprocess.run([sys.executable, SCRIPT, out, "qa-prompt"], capture_output=True, text=True)
+    check(r.returncode != 0 and "qa-prompt-paper.md missing" in r.stderr, f"a missing report is an error: {r.stderr.strip()}")
+
+sys.exit(1 if failures else 0)
