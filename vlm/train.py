@@ -203,7 +203,7 @@ def save(path, model, opt, step, seconds, args):
     os.replace(tmp, path)
 
 
-def run_options(doc, steps, batch, questions, save_every):
+def run_options(doc, steps, batch, questions, save_every, threads=2):
     """The options both trainers take (run directory, schedule, batch, seed, threads, checkpoints, watch set), with
     their defaults."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -214,7 +214,7 @@ def run_options(doc, steps, batch, questions, save_every):
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--questions", type=int, default=questions, help="questions asked per training image")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=threads, help="torch's threads")
     ap.add_argument("--save-every", type=int, default=save_every)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-items", type=int, default=128)

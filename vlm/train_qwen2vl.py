@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Train tiny-qwen2vl (vlm/qwen2vl.py) on gen_pages.py's documents (CPU, seeded, resumable).
 
-  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen1 --steps 4500     # rerun the same command to resume
+  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen1 --steps 4500 --workers 2   # rerun the same command to resume
 
 RUN/ckpt.pt is written atomically every --save-every steps and on SIGTERM/SIGINT; the items of a step depend only
 on (--seed, step), so a run stopped at any moment resumes from its last checkpoint with the same data order.
 RUN/log.csv is the learning curve (losses; exact match of greedy answers on the 128-item watch set, held-out
 seeds 230000..230127 of gen_pages.py).
+--workers N runs N data-parallel processes (gloo): each computes the losses of its share of a step's item groups,
+the gradients are summed, and every worker applies the same update, so the run equals one process's to float
+rounding. A SIGTERM to any worker stops them all after the same step; worker 0 logs, evaluates and saves.
 
 Losses: cross-entropy on the answers (up to --questions per image), plus two training-only losses that add
 nothing to the exported files:
@@ -20,6 +23,7 @@ way to field questions by step 3000; from step 500 a fifth of the single pages a
 model reads smaller images too); multi-page needle items (6%) join at step 2000.
 """
 
+import datetime
 import json
 import os
 import random
@@ -27,9 +31,13 @@ import signal
 import sys
 import time
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+# OpenBLAS's own threads spin (sched_yield) against torch's: at this model's sizes a step ran 8.8 s with them,
+# 5.8 s with one BLAS thread and 5.3 s with one thread in all (measured side by side at step 600, alone on 2 cores).
+# numpy loads OpenBLAS too, so this comes before both imports.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_docs  # noqa: E402
@@ -134,12 +142,12 @@ def length_groups(items, size=6):
     return out
 
 
-def batch_losses(model, items, max_questions, pointer_layers):
-    """Answer, glyph and pointer losses, each a mean over all its terms in the batch. Items run in groups of the
-    same image count and similar length (a 3-page item would otherwise pad every single page to its length)."""
+def batch_sums(model, groups, max_questions, pointer_layers):
+    """Sums and counts of the answer, glyph and pointer loss terms over groups of items (length_groups); a loss is
+    its sum over the count of the whole batch, whichever worker computed which groups."""
     sums, counts = [torch.zeros(()) for _ in range(3)], [0] * 3
     c = model.c
-    for group in length_groups(items):
+    for group in groups:
         tokens, positions, target, slots, glyphs, pointers = make_batch(group, max_questions)
         feats = vision_feats(model, [img for it in group for img in it["images"]])
         logits, probs = model(model.embed(tokens[:, :-1], feats, slots), positions[:, :-1], pointer_layers)
@@ -158,7 +166,7 @@ def batch_losses(model, items, max_questions, pointer_layers):
                 pr = probs[il][row, heads, query, key]  # (pointers, KV groups)
                 sums[2] = sums[2] - torch.log(pr + 1e-6).sum()
                 counts[2] += pr.numel()
-    return [s / max(1, n) for s, n in zip(sums, counts)]
+    return sums, counts
 
 
 @torch.no_grad()
@@ -205,16 +213,42 @@ def evaluate(model, items):
     return sum(a == it["answer"] for a, it in answers) / len(items)
 
 
-def main():
-    ap = run_options(__doc__, steps=4500, batch=12, questions=3, save_every=50)
-    ap.add_argument("--glyph-weight", type=float, default=1.0)
-    ap.add_argument("--pointer-weight", type=float, default=1.0)
-    ap.add_argument("--pointer-layers", default="2,3")
-    ap.add_argument("--pointer-anneal", default="1500,3000", help="steps between which the pointer weight falls to 1/10")
-    args = ap.parse_args()
+def reduce_step(sums, counts, stopping, world):
+    """Across workers: the batch's term counts, the losses' values and whether any worker was told to stop (one
+    collective). Returns (counts, loss values, stop)."""
+    local = torch.tensor([float(x) for x in sums] + [float(n) for n in counts] + [float(stopping)], dtype=torch.float64)
+    if world > 1:
+        torch.distributed.all_reduce(local)
+    total = local.tolist()
+    counts = [max(1.0, n) for n in total[3:6]]
+    return counts, [v / n for v, n in zip(total[:3], counts)], total[6] > 0
 
+
+def sum_gradients(model, world):
+    """Every worker's gradients summed into each worker's, in one collective over a flat buffer."""
+    if world == 1:
+        return
+    params = list(model.parameters())
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset: offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
+def train(rank, args):
+    """One worker. Every worker holds the same model and optimiser state, computes the losses of its share of the
+    step's item groups, and applies the summed gradients, so the run equals a single process's to float rounding.
+    Worker 0 logs, evaluates the watch set and saves."""
+    world = args.workers
     torch.set_num_threads(args.threads)
-    os.makedirs(args.run, exist_ok=True)
+    if world > 1:
+        torch.distributed.init_process_group("gloo", init_method="file://" + os.path.abspath(args.rendezvous),
+                                             rank=rank, world_size=world, timeout=datetime.timedelta(minutes=20))
     ckpt_path = os.path.join(args.run, "ckpt.pt")
     config = Config(n_vocab=len(vocab()[0]))
     torch.manual_seed(args.seed)
@@ -225,31 +259,37 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
     step, seconds0 = resume(ckpt_path, model, opt)
-    print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; config "
-          f"{json.dumps(config.to_dict())}", file=sys.stderr)
+    lead = rank == 0
+    if lead:
+        print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; {world} worker(s); config "
+              f"{json.dumps(config.to_dict())}", file=sys.stderr)
+        held_out = [gen_pages.item(EVAL_SEED + i, "qa") for i in range(args.eval_items)]
+        log, writer = open_log(args.run)
     pointer_layers = [int(x) for x in args.pointer_layers.split(",") if x]
     a0, a1 = (int(x) for x in args.pointer_anneal.split(","))
 
-    held_out = [gen_pages.item(EVAL_SEED + i, "qa") for i in range(args.eval_items)]
-    log, writer = open_log(args.run)
-
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
-    t_start, hist = time.time(), []
+    signals = []
+    signal.signal(signal.SIGTERM, lambda *_: signals.append(1))
+    signal.signal(signal.SIGINT, lambda *_: signals.append(1))
+    t_start, hist, stop = time.time(), [], False
     while step < args.steps and not stop:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args)
         w_pointer = args.pointer_weight * (1 - 0.9 * min(1.0, max(0.0, (step - a0) / max(1, a1 - a0))))
-        loss, glyph, pointer = batch_losses(model, train_items(args.seed, step, args.batch), args.questions,
-                                            pointer_layers)
+        groups = length_groups(train_items(args.seed, step, args.batch))[rank::world]
+        sums, counts = batch_sums(model, groups, args.questions, pointer_layers)
+        counts, values, stop = reduce_step(sums, counts, bool(signals), world)
+        loss, glyph, pointer = (s / n for s, n in zip(sums, counts))
         total = loss + args.glyph_weight * glyph + w_pointer * pointer
         opt.zero_grad(set_to_none=True)
         total.backward()
+        sum_gradients(model, world)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        hist.append((loss.item(), glyph.item(), pointer.item()))
+        if not lead:
+            continue
+        hist.append(values)
         if step % 10 == 0:
             per = (time.time() - t_start) / len(hist)
             m = np.mean(hist[-10:], 0)
@@ -264,8 +304,37 @@ def main():
             print(f"step {step}: held-out exact match {em:.3f}", file=sys.stderr, flush=True)
         if step % args.save_every == 0 or stop:
             save(ckpt_path, model, opt, step, seconds0 + time.time() - t_start, args)
-    save(ckpt_path, model, opt, step, seconds0 + time.time() - t_start, args)
-    print(f"saved step {step} to {ckpt_path}", file=sys.stderr)
+    if lead:
+        save(ckpt_path, model, opt, step, seconds0 + time.time() - t_start, args)
+        print(f"saved step {step} to {ckpt_path}", file=sys.stderr)
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+def main():
+    ap = run_options(__doc__, steps=4500, batch=12, questions=3, save_every=50, threads=1)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="data-parallel processes (gloo on this machine); each takes a share of a step's item groups")
+    ap.add_argument("--glyph-weight", type=float, default=1.0)
+    ap.add_argument("--pointer-weight", type=float, default=1.0)
+    ap.add_argument("--pointer-layers", default="2,3")
+    ap.add_argument("--pointer-anneal", default="1500,3000", help="steps between which the pointer weight falls to 1/10")
+    args = ap.parse_args()
+    os.makedirs(args.run, exist_ok=True)
+    if args.workers == 1:
+        return train(0, args)
+    args.rendezvous = os.path.join(args.run, "workers.rendezvous")
+    if os.path.exists(args.rendezvous):  # left by a run that was killed
+        os.remove(args.rendezvous)
+    ctx = torch.multiprocessing.get_context("spawn")
+    others = [ctx.Process(target=train, args=(rank, args), daemon=True) for rank in range(1, args.workers)]
+    for p in others:
+        p.start()
+    train(0, args)
+    for p in others:
+        p.join()
+    if any(p.exitcode for p in others):
+        sys.exit("train_qwen2vl: a worker failed")
 
 
 if __name__ == "__main__":
