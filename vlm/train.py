@@ -222,10 +222,13 @@ def run_options(doc, steps, batch, questions, save_every, threads=2):
 
 
 def resume(ckpt_path, model, opt):
-    """(step, seconds trained) of the checkpoint loaded into model and opt; (0, 0) without one."""
+    """(step, seconds trained) of the checkpoint loaded into model and opt; (0, 0) without one. A checkpoint of
+    another model configuration is refused."""
     if not os.path.exists(ckpt_path):
         return 0, 0.0
     ck = torch.load(ckpt_path)
+    if ck["config"] != model.c.to_dict():
+        sys.exit(f"{ckpt_path} holds another model configuration: {json.dumps(ck['config'])}")
     model.load_state_dict(ck["model"])
     opt.load_state_dict(ck["opt"])
     print(f"resumed at step {ck['step']}", file=sys.stderr)

@@ -250,7 +250,7 @@ def train(rank, args):
         torch.distributed.init_process_group("gloo", init_method="file://" + os.path.abspath(args.rendezvous),
                                              rank=rank, world_size=world, timeout=datetime.timedelta(minutes=20))
     ckpt_path = os.path.join(args.run, "ckpt.pt")
-    config = Config(n_vocab=len(vocab()[0]))
+    config = Config(n_vocab=len(vocab()[0]), rope_base=args.rope_base)
     torch.manual_seed(args.seed)
     model = TinyQwen2VL(config)
     # No weight decay on biases and norms (the usual practice; it also keeps the K biases, see qwen2vl.py).
@@ -315,6 +315,8 @@ def main():
     ap = run_options(__doc__, steps=4500, batch=12, questions=3, save_every=50, threads=1)
     ap.add_argument("--workers", type=int, default=1,
                     help="data-parallel processes (gloo on this machine); each takes a share of a step's item groups")
+    ap.add_argument("--rope-base", type=float, default=10000.0,
+                    help="the text model's M-RoPE base; the width section gets the head's lowest frequencies")
     ap.add_argument("--glyph-weight", type=float, default=1.0)
     ap.add_argument("--pointer-weight", type=float, default=1.0)
     ap.add_argument("--pointer-layers", default="2,3")
