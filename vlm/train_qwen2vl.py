@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train tiny-qwen2vl (vlm/qwen2vl.py) on gen_pages.py's documents (CPU, seeded, resumable).
 
-  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen1 --steps 4500 --workers 2   # rerun the same command to resume
+  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen1 --steps 8000 --workers 2   # rerun the same command to resume
 
 RUN/ckpt.pt is written atomically every --save-every steps and on SIGTERM/SIGINT; the items of a step depend only
 on (--seed, step), so a run stopped at any moment resumes from its last checkpoint with the same data order.
@@ -312,7 +312,7 @@ def train(rank, args):
 
 
 def main():
-    ap = run_options(__doc__, steps=4500, batch=12, questions=3, save_every=50, threads=1)
+    ap = run_options(__doc__, steps=8000, batch=12, questions=3, save_every=50, threads=1)
     ap.add_argument("--workers", type=int, default=1,
                     help="data-parallel processes (gloo on this machine); each takes a share of a step's item groups")
     ap.add_argument("--rope-base", type=float, default=10000.0,
