@@ -81,8 +81,9 @@ def decode(ids):
     return out.decode(errors="replace")
 
 
-def attention(q, k, v, mask=None, keep_probs=False):
-    """softmax(q k^T / sqrt(d) + mask) v; q (B, H, T, d), k/v (B, H_kv, T, d) with H a multiple of H_kv (GQA).
+def attention(q, k, v, mask=None, keep_probs=False, key_mask=None):
+    """softmax(q k^T / sqrt(d) + mask + key_mask) v; q (B, H, T, d), k/v (B, H_kv, T, d) with H a multiple of H_kv
+    (GQA); key_mask (B, H, T), when given, is added for every query (-inf hides a key from a head).
     One baddbmm does scale and mask (torch 1.13 has no fused attention; this is its fastest form here). With
     keep_probs, also returns the attention probabilities (B, H, T, T)."""
     b, h, t, d = q.shape
@@ -90,7 +91,10 @@ def attention(q, k, v, mask=None, keep_probs=False):
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     flat = lambda x: x.reshape(b * h, t, d)  # noqa: E731
     bias = mask if mask is not None else q.new_zeros(1, 1)
-    p = torch.baddbmm(bias, flat(q), flat(k).transpose(1, 2), alpha=d ** -0.5).softmax(-1)
+    scores = torch.baddbmm(bias, flat(q), flat(k).transpose(1, 2), alpha=d ** -0.5)
+    if key_mask is not None:
+        scores = scores + key_mask.reshape(b * h, 1, t)
+    p = scores.softmax(-1)
     out = torch.bmm(p, flat(v)).view(b, h, t, d)
     return (out, p.view(b, h, t, t)) if keep_probs else out
 

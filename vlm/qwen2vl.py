@@ -164,14 +164,15 @@ class Layer(nn.Module):
         k = rotate_half_pairs(self.wk(h).view(b, t, c.n_head_kv, hd), angle[:, :, None]).transpose(1, 2)
         return k, self.wv(h).view(b, t, c.n_head_kv, hd).transpose(1, 2)
 
-    def forward(self, x, angle, mask, keep_probs=False):
+    def forward(self, x, angle, mask, keep_probs=False, key_mask=None):
         c = self.c
         b, t, _ = x.shape
         hd = c.n_embd // c.n_head
         h = self.attn_norm(x)
         q = rotate_half_pairs(self.wq(h).view(b, t, c.n_head, hd), angle[:, :, None]).transpose(1, 2)
         k, v = self.kv(h, angle)
-        a, probs = attention(q, k, v, mask, keep_probs=True) if keep_probs else (attention(q, k, v, mask), None)
+        a, probs = attention(q, k, v, mask, keep_probs, key_mask) if keep_probs else \
+            (attention(q, k, v, mask, key_mask=key_mask), None)
         x = x + self.wo(a.transpose(1, 2).reshape(b, t, -1))
         h = self.ffn_norm(x)
         x = x + self.down(F.silu(self.gate(h)) * self.up(h))
@@ -208,19 +209,19 @@ class TinyQwen2VL(nn.Module):
         """Training-only readout (not exported): image tokens scored against the character embeddings."""
         return feats @ self.tok.weight.t()
 
-    def forward(self, x, positions, probe_layers=(), pad_mask=None):
+    def forward(self, x, positions, probe_layers=(), key_masks=None):
         """x (B, T, n_embd), positions (B, T, 3) -> logits (B, T, n_vocab) and {layer: attention probabilities
-        (B, H, T, T)} for probe_layers."""
+        (B, H, T, T)} for probe_layers; key_masks: {layer: (B, H, T) added to every query's scores}."""
         c = self.c
         t = x.shape[1]
         angle = mrope_angles(positions.float(), c.n_embd // c.n_head, c.rope_base, c.rope_sections)
         mask = torch.full((t, t), float("-inf")).triu(1)
-        probs = {}
+        probs, key_masks = {}, key_masks or {}
         for il, layer in enumerate(self.layers):
             if il in probe_layers:
-                x, probs[il] = layer(x, angle, mask, keep_probs=True)
+                x, probs[il] = layer(x, angle, mask, True, key_masks.get(il))
             else:
-                x = layer(x, angle, mask)
+                x = layer(x, angle, mask, key_mask=key_masks.get(il))
         return self.out(self.norm(x)), probs
 
     @torch.no_grad()

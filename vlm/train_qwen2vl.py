@@ -18,6 +18,9 @@ nothing to the exported files:
   the image token showing the next answer character. Reading is spread over 2 x len(layers) KV groups on purpose
   (tiny-vlm's single pointer head made one KV group decide every answer), and the weight anneals from
   --pointer-weight to a tenth of it between --pointer-anneal steps.
+Blinding (--blind P from --blind-from): a share P of the items each get one random (layer, KV group) whose query
+heads cannot see the item's answer cells (the ablation check_targets.py measures), so the answer has to be read
+by more than one group: a real VLM's 100+ KV groups read redundantly, and eviction removes tokens per group.
 Curriculum: pages grow from 1-2 fields to 4-7 by step 1000; dense supervision (transcription, read a line) gives
 way to field questions by step 3000; from step 500 a fifth of the single pages are downscaled (0.5-0.9, so the
 model reads smaller images too); multi-page needle items (6%) join at step 2000.
@@ -71,14 +74,19 @@ def curriculum(step, rng):
     return "qa", n, scale
 
 
-def train_items(base_seed, step, batch):
+def train_items(base_seed, step, batch, blind=0.0, groups=()):
+    """The step's items. With probability `blind` an item gets a "blind" (layer, KV group) from `groups`, whose
+    query heads will not see the item's answer cells; drawn from a stream of its own, so the items themselves do
+    not depend on blinding."""
     rng = random.Random(base_seed * 1_000_003 + step)
+    blind_rng = random.Random(f"blind {base_seed} {step}")
     out = []
     for _ in range(batch):
         task, n, scale = curriculum(step, rng)
         seed = rng.randrange(gen_docs.FIRST_TRAIN_SEED, 2**31)
         it = gen_pages.item(seed, task, n, scale)
         rng.shuffle(it["others"])
+        it["blind"] = blind_rng.choice(groups) if groups and blind_rng.random() < blind else None
         out.append(it)
     return out
 
@@ -142,6 +150,22 @@ def length_groups(items, size=6):
     return out
 
 
+def blind_masks(items, pointers, t, c):
+    """{layer: (B, H, t) key masks}: -inf on an item's answer cells (the pointers' targets) for the query heads of
+    its blind KV group, so that group cannot read the answer and the others must (check_targets.py measures the
+    same ablation)."""
+    masks = {}
+    for row, it in enumerate(items):
+        if it.get("blind") is None:
+            continue
+        layer, g = it["blind"]
+        rep = c.n_head // c.n_head_kv
+        mask = masks.setdefault(layer, torch.zeros(len(items), c.n_head, t))
+        cells = pointers[pointers[:, 0] == row, 2]
+        mask[row, g * rep: (g + 1) * rep, cells[cells < t]] = float("-inf")
+    return masks
+
+
 def batch_sums(model, groups, max_questions, pointer_layers):
     """Sums and counts of the answer, glyph and pointer loss terms over groups of items (length_groups); a loss is
     its sum over the count of the whole batch, whichever worker computed which groups."""
@@ -150,7 +174,8 @@ def batch_sums(model, groups, max_questions, pointer_layers):
     for group in groups:
         tokens, positions, target, slots, glyphs, pointers = make_batch(group, max_questions)
         feats = vision_feats(model, [img for it in group for img in it["images"]])
-        logits, probs = model(model.embed(tokens[:, :-1], feats, slots), positions[:, :-1], pointer_layers)
+        logits, probs = model(model.embed(tokens[:, :-1], feats, slots), positions[:, :-1], pointer_layers,
+                              blind_masks(group, pointers, tokens.shape[1] - 1, c))
         target = target[:, :-1].reshape(-1)
         sums[0] = sums[0] + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, ignore_index=-100,
                                             reduction="sum")
@@ -164,8 +189,10 @@ def batch_sums(model, groups, max_questions, pointer_layers):
             row, query, key = (pointers[:, i, None] for i in range(3))
             for il in pointer_layers:  # one gather per layer: its backward fills the probabilities' gradient once
                 pr = probs[il][row, heads, query, key]  # (pointers, KV groups)
-                sums[2] = sums[2] - torch.log(pr + 1e-6).sum()
-                counts[2] += pr.numel()
+                seen = torch.tensor([[group[r].get("blind") != (il, g) for g in range(c.n_head_kv)]
+                                     for r in pointers[:, 0].tolist()])  # a blind group cannot point
+                sums[2] = sums[2] - torch.log(pr[seen] + 1e-6).sum()
+                counts[2] += int(seen.sum())
     return sums, counts
 
 
@@ -266,6 +293,7 @@ def train(rank, args):
         held_out = [gen_pages.item(EVAL_SEED + i, "qa") for i in range(args.eval_items)]
         log, writer = open_log(args.run)
     pointer_layers = [int(x) for x in args.pointer_layers.split(",") if x]
+    blind_groups = [(il, g) for il in range(config.n_layer) for g in range(config.n_head_kv)]
     a0, a1 = (int(x) for x in args.pointer_anneal.split(","))
 
     signals = []
@@ -276,7 +304,8 @@ def train(rank, args):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args)
         w_pointer = args.pointer_weight * (1 - 0.9 * min(1.0, max(0.0, (step - a0) / max(1, a1 - a0))))
-        groups = length_groups(train_items(args.seed, step, args.batch))[rank::world]
+        blind = args.blind if step >= args.blind_from else 0.0
+        groups = length_groups(train_items(args.seed, step, args.batch, blind, blind_groups))[rank::world]
         sums, counts = batch_sums(model, groups, args.questions, pointer_layers)
         counts, values, stop = reduce_step(sums, counts, bool(signals), world)
         loss, glyph, pointer = (s / n for s, n in zip(sums, counts))
@@ -321,6 +350,10 @@ def main():
     ap.add_argument("--pointer-weight", type=float, default=1.0)
     ap.add_argument("--pointer-layers", default="2,3")
     ap.add_argument("--pointer-anneal", default="1500,3000", help="steps between which the pointer weight falls to 1/10")
+    ap.add_argument("--blind", type=float, default=0.0,
+                    help="share of items whose answer cells one random (layer, KV group) cannot see, so that no group "
+                         "alone decides the answers")
+    ap.add_argument("--blind-from", type=int, default=0, help="the step from which --blind applies")
     args = ap.parse_args()
     os.makedirs(args.run, exist_ok=True)
     if args.workers == 1:

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""tiny-qwen2vl's training-time blinding (vlm/train_qwen2vl.py --blind): the items of a step do not depend on it;
+a blind (layer, KV group) gives its query heads exactly zero attention on the item's answer cells, leaves every
+other head, layer and item as without it, and drops its pointer head from the pointer loss; attention with a key
+mask equals a per-head softmax written out by hand. Needs torch (scripts/setup.sh --training); exits 77 (skipped) without it. Usage: test-train-blind.py ROOT"""
+
+import math
+import os
+import sys
+
+try:
+    import torch
+except ImportError:
+    print("torch missing: skipped")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.join(sys.argv[1], "vlm"))
+import train_qwen2vl as T  # noqa: E402
+from model import attention  # noqa: E402
+from qwen2vl import Config, TinyQwen2VL, vocab  # noqa: E402
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+# attention with a key mask against a loop over heads, queries and keys
+torch.manual_seed(3)
+b, h, hkv, t, d = 2, 4, 2, 5, 8
+q, k, v = torch.randn(b, h, t, d), torch.randn(b, hkv, t, d), torch.randn(b, hkv, t, d)
+causal = torch.full((t, t), float("-inf")).triu(1)
+key_mask = torch.zeros(b, h, t)
+key_mask[1, 2:4, 1] = float("-inf")
+out = attention(q, k, v, causal, key_mask=key_mask)
+ref = torch.zeros_like(out)
+for bi in range(b):
+    for hi in range(h):
+        g = hi // (h // hkv)
+        for i in range(t):
+            keys = [j for j in range(i + 1) if key_mask[bi, hi, j] == 0]
+            s = [float(q[bi, hi, i] @ k[bi, g, j]) / math.sqrt(d) for j in keys]
+            w = [math.exp(x - max(s)) for x in s]
+            ref[bi, hi, i] = sum(wj / sum(w) * v[bi, g, j] for wj, j in zip(w, keys))
+check(torch.allclose(out, ref, atol=1e-5), "attention with a key mask equals the written-out softmax")
+
+# the items of a step are the same with and without blinding
+groups = [(il, g) for il in range(4) for g in range(2)]
+plain = T.train_items(1, 2500, 6)
+blinded = T.train_items(1, 2500, 6, 1.0, groups)
+check([(it["question"], it["answer"]) for it in plain] == [(it["question"], it["answer"]) for it in blinded],
+      "blinding leaves the step's items unchanged")
+check(all(it["blind"] is None for it in plain) and all(it["blind"] in groups for it in blinded),
+      "every item gets a blind group at --blind 1, none at 0")
+
+# a blind group cannot see the answer cells; nothing else changes
+model = TinyQwen2VL(Config(n_vocab=len(vocab()[0]))).eval()
+items = [it for it in T.train_items(1, 2500, 12, 1.0, groups) if it["cells"] and len(it["images"]) == 1][:2]
+items[0]["blind"], items[1]["blind"] = (2, 1), None
+tokens, positions, _, slots, _, pointers = T.make_batch(items, 1)
+masks = T.blind_masks(items, pointers, tokens.shape[1] - 1, model.c)
+check(sorted(masks) == [2], "a key mask for the blind layer only")
+with torch.no_grad():
+    feats = T.vision_feats(model, [img for it in items for img in it["images"]])
+    x = model.embed(tokens[:, :-1], feats, slots)
+    logits0, probs0 = model(x, positions[:, :-1], range(4))
+    logits1, probs1 = model(x, positions[:, :-1], range(4), masks)
+cells = pointers[pointers[:, 0] == 0, 2]
+check(len(cells) > 0, "the blinded item has answer cells")
+check(float(probs1[2][0, 2:4][:, :, cells].abs().max()) == 0.0, "KV group 1 of layer 2 gives its answer cells 0")
+check(float(probs1[2][0, 0:2][:, -1, cells].sum()) > 0.0, "KV group 0 of layer 2 still attends to them")
+check(all(torch.equal(probs0[il], probs1[il]) for il in (0, 1)), "layers before the blind one are unchanged")
+check(torch.equal(logits0[1], logits1[1]), "the item without a blind group is unchanged")
+check(not torch.equal(logits0[0], logits1[0]), "the blinded item's outputs change")
+
+# the pointer loss leaves out the blind group's pointer head (it cannot see the cell it would point at)
+with torch.no_grad():
+    sums, counts = T.batch_sums(model, [items], 1, [2, 3])
+rows = pointers[:, 0]
+terms = [-math.log(float(probs1[il][r, g * 2, q, key]) + 1e-6) for il in (2, 3) for g in range(2)
+         for r, q, key in pointers.tolist() if not (r == 0 and (il, g) == (2, 1))]
+check(counts[2] == 4 * len(pointers) - int((rows == 0).sum()), "one pointer term fewer per blinded answer cell")
+check(abs(float(sums[2]) - sum(terms)) < 1e-3 * len(terms), "the pointer loss is the sum over the seeing heads")
+
+print(f"{len(failures)} failure(s)")
+sys.exit(1 if failures else 0)
