@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train tiny-qwen2vl (vlm/qwen2vl.py) on gen_pages.py's documents (CPU, seeded, resumable).
 
-  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen1 --steps 8000 --workers 2   # rerun the same command to resume
+  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen1 --steps 8000 --workers 2 --blind 0.5 --blind-from 2088  # rerun to resume
 
 RUN/ckpt.pt is written atomically every --save-every steps and on SIGTERM/SIGINT; the items of a step depend only
 on (--seed, step), so a run stopped at any moment resumes from its last checkpoint with the same data order.
