@@ -9,7 +9,8 @@ RUN/log.csv is the learning curve (losses; exact match of greedy answers on the 
 seeds 230000..230127 of gen_pages.py).
 --workers N runs N data-parallel processes (gloo): each computes the losses of its share of a step's item groups,
 the gradients are summed, and every worker applies the same update, so the run equals one process's to float
-rounding. A SIGTERM to any worker stops them all after the same step; worker 0 logs, evaluates and saves.
+rounding. A SIGTERM to the command or to any worker stops them all after the same step; worker 0 logs, evaluates
+and saves; if a worker dies, the others are stopped at once (rerun to resume).
 
 Losses: cross-entropy on the answers (up to --questions per image), plus two training-only losses that add
 nothing to the exported files:
@@ -28,6 +29,7 @@ model reads smaller images too); multi-page needle items (6%) join at step 2000.
 
 import datetime
 import json
+import multiprocessing.connection
 import os
 import random
 import signal
@@ -361,15 +363,34 @@ def main():
     args.rendezvous = os.path.join(args.run, "workers.rendezvous")
     if os.path.exists(args.rendezvous):  # left by a run that was killed
         os.remove(args.rendezvous)
+    supervise(args)
+
+
+def supervise(args):
+    """Runs the workers as child processes and waits. A SIGTERM or SIGINT is passed on to them (they stop after the
+    same step and worker 0 saves). If one dies, the others are killed at once rather than left waiting out gloo's
+    timeout in a collective; the last checkpoint is intact (it is written atomically)."""
     ctx = torch.multiprocessing.get_context("spawn")
-    others = [ctx.Process(target=train, args=(rank, args), daemon=True) for rank in range(1, args.workers)]
-    for p in others:
+    workers = [ctx.Process(target=train, args=(rank, args)) for rank in range(args.workers)]
+    for p in workers:
         p.start()
-    train(0, args)
-    for p in others:
-        p.join()
-    if any(p.exitcode for p in others):
-        sys.exit("train_qwen2vl: a worker failed")
+
+    def forward(sig, _frame):
+        for p in workers:
+            if p.is_alive():
+                os.kill(p.pid, sig)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    while any(p.is_alive() for p in workers):
+        multiprocessing.connection.wait([p.sentinel for p in workers if p.is_alive()])
+        failed = [rank for rank, p in enumerate(workers) if p.exitcode not in (None, 0)]
+        if failed:
+            for p in workers:
+                if p.is_alive():
+                    p.kill()
+            sys.exit(f"train_qwen2vl: worker {failed[0]} failed (exit code {workers[failed[0]].exitcode}); the others "
+                     "were stopped; rerun the same command to resume from the last checkpoint")
 
 
 if __name__ == "__main__":
