@@ -92,8 +92,8 @@ def attention(q, k, v, mask=None, keep_probs=False, key_mask=None):
     flat = lambda x: x.reshape(b * h, t, d)  # noqa: E731
     bias = mask if mask is not None else q.new_zeros(1, 1)
     scores = torch.baddbmm(bias, flat(q), flat(k).transpose(1, 2), alpha=d ** -0.5)
-    if key_mask is not None:
-        scores = scores + key_mask.reshape(b * h, 1, t)
+    if key_mask is not None:  # in place: baddbmm's backward does not need its output
+        scores.add_(key_mask.reshape(b * h, 1, t))
     p = scores.softmax(-1)
     out = torch.bmm(p, flat(v)).view(b, h, t, d)
     return (out, p.view(b, h, t, t)) if keep_probs else out

@@ -46,6 +46,9 @@ for bi in range(b):
             w = [math.exp(x - max(s)) for x in s]
             ref[bi, hi, i] = sum(wj / sum(w) * v[bi, g, j] for wj, j in zip(w, keys))
 check(torch.allclose(out, ref, atol=1e-5), "attention with a key mask equals the written-out softmax")
+qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+check(torch.autograd.gradcheck(lambda a, b_, c: attention(a, b_, c, causal.double(), key_mask=key_mask.double()),
+                               (qd, kd, vd)), "its gradients (the mask is added in place) pass gradcheck")
 
 # the items of a step are the same with and without blinding
 groups = [(il, g) for il in range(4) for g in range(2)]
