@@ -26,6 +26,7 @@ from model import VitBlock as LlavaVitBlock
 from model import vocab as char_vocab
 
 K_BIAS_NORM = 2.0
+ROW_PROBE_CHARS = 3  # the row probe reads this many characters from the start of a token's text line
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 
 
@@ -194,6 +195,8 @@ class TinyQwen2VL(nn.Module):
         # the same for every key); with M-RoPE it changes little. Start each head's bias at norm K_BIAS_NORM.
         for layer in self.layers:
             nn.init.normal_(layer.wk.bias, 0.0, K_BIAS_NORM / math.sqrt(c.n_embd // c.n_head))
+        # Training-only (not exported), made last so the other parameters start as they did before it existed.
+        self.row_probe = nn.Linear(c.n_embd, ROW_PROBE_CHARS * c.n_embd, bias=False)
 
     def embed(self, tokens, feats, image_slots):
         """Token embeddings with image tokens written over their placeholder slots; feats: list of (n, n_embd)
@@ -208,6 +211,12 @@ class TinyQwen2VL(nn.Module):
     def glyph_logits(self, feats):
         """Training-only readout (not exported): image tokens scored against the character embeddings."""
         return feats @ self.tok.weight.t()
+
+    def row_logits(self, feats):
+        """Training-only readout (not exported): (n, ROW_PROBE_CHARS, n_vocab), each image token's guess at the first
+        characters of the text line of its row, scored against the character embeddings (held fixed: the probe
+        shapes the image tokens, not the vocabulary)."""
+        return self.row_probe(feats).view(feats.shape[0], ROW_PROBE_CHARS, -1) @ self.tok.weight.detach().t()
 
     def forward(self, x, positions, probe_layers=(), key_masks=None):
         """x (B, T, n_embd), positions (B, T, 3) -> logits (B, T, n_vocab) and {layer: attention probabilities

@@ -221,18 +221,36 @@ def run_options(doc, steps, batch, questions, save_every, threads=2):
     return ap
 
 
-def resume(ckpt_path, model, opt):
+def resume(ckpt_path, model, opt, optional=()):
     """(step, seconds trained) of the checkpoint loaded into model and opt; (0, 0) without one. A checkpoint of
-    another model configuration is refused."""
+    another model configuration is refused; one without parameters whose names start with an `optional` prefix
+    (training-only modules added during a run) loads, and those start fresh."""
     if not os.path.exists(ckpt_path):
         return 0, 0.0
     ck = torch.load(ckpt_path)
     if ck["config"] != model.c.to_dict():
         sys.exit(f"{ckpt_path} holds another model configuration: {json.dumps(ck['config'])}")
-    model.load_state_dict(ck["model"])
-    opt.load_state_dict(ck["opt"])
-    print(f"resumed at step {ck['step']}", file=sys.stderr)
+    missing, unexpected = model.load_state_dict(ck["model"], strict=False)
+    if unexpected or any(not name.startswith(tuple(optional)) for name in missing):
+        sys.exit(f"{ckpt_path} does not match the model: missing {missing}, unexpected {unexpected}")
+    opt.load_state_dict(optimizer_state(ck["opt"], model, opt, set(missing)))
+    print(f"resumed at step {ck['step']}" + (f" ({', '.join(missing)} new)" if missing else ""), file=sys.stderr)
     return ck["step"], ck["seconds"]
+
+
+def optimizer_state(saved, model, opt, new):
+    """The saved optimizer state renumbered for opt, whose parameter groups hold the parameters the saved one
+    held, in the same order, plus the `new` ones (named), which get no state. Optimizer states are indexed by
+    position over the groups' parameters, so a parameter added to a group shifts the ones after it."""
+    if not new:
+        return saved
+    name = {id(p): n for n, p in model.named_parameters()}
+    groups = [[name[id(p)] for p in g["params"]] for g in opt.param_groups]
+    old = [n for g in groups for n in g if n not in new]
+    now = {n: i for i, n in enumerate(n for g in groups for n in g)}
+    state = {now[old[i]]: st for i, st in saved["state"].items()}
+    param_groups = [{**g, "params": [now[n] for n in names]} for g, names in zip(saved["param_groups"], groups)]
+    return {"state": state, "param_groups": param_groups}
 
 
 def open_log(run):

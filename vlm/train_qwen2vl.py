@@ -12,9 +12,12 @@ the gradients are summed, and every worker applies the same update, so the run e
 rounding. A SIGTERM to the command or to any worker stops them all after the same step; worker 0 logs, evaluates
 and saves; if a worker dies, the others are stopped at once (rerun to resume).
 
-Losses: cross-entropy on the answers (up to --questions per image), plus two training-only losses that add
+Losses: cross-entropy on the answers (up to --questions per image), plus three training-only losses that add
 nothing to the exported files:
 - glyph: each image token scored against the character embeddings, the character of its cell as target;
+- row (--row-weight from --row-from): each image token guesses the first ROW_PROBE_CHARS characters of its row's
+  text line through a training-only probe: the value of "TAX  10.31" has to know its row says TAX, which the text
+  model's M-RoPE cannot tell it (its height section turns by at most 0.1 rad a row at base 10000);
 - pointer: at each answer position, one query head of *each* KV group in each --pointer-layers layer attends to
   the image token showing the next answer character. Reading is spread over 2 x len(layers) KV groups on purpose
   (tiny-vlm's single pointer head made one KV group decide every answer), and the weight anneals from
@@ -48,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_docs  # noqa: E402
 import gen_pages  # noqa: E402
 from model import EOS, decode, encode  # noqa: E402
-from qwen2vl import Config, TinyQwen2VL, extend, prompt, vocab  # noqa: E402
+from qwen2vl import ROW_PROBE_CHARS, Config, TinyQwen2VL, extend, prompt, vocab  # noqa: E402
 from train import lr_at, open_log, resume, run_options, save  # noqa: E402
 
 EVAL_SEED = 230_000  # held-out watch set (below 250,000: 250,000-999,999 are reserved)
@@ -94,9 +97,10 @@ def train_items(base_seed, step, batch, blind=0.0, groups=()):
 
 
 def make_batch(items, max_questions):
-    """tokens, positions, targets, image slots, glyph targets (per image, None when downscaled) and pointers
+    """tokens, positions, targets, image slots, cell targets (per image: glyph and row targets, None when
+    downscaled) and pointers
     (batch row, predicting position, target position)."""
-    seqs, poss, labels, slots, glyphs, pointers = [], [], [], [], [], []
+    seqs, poss, labels, slots, cell_targets, pointers = [], [], [], [], [], []
     for row, it in enumerate(items):
         shapes = [grid_shape(img) for img in it["images"]]
         ids, pos, starts, p = prompt(shapes, it["context"] + "\n" + it["question"])
@@ -118,14 +122,27 @@ def make_batch(items, max_questions):
         labels.append(lab)
         slots += [(row, s) for s in starts]
         scaled = it["cells"] is None and it["type"] != "multi-needle"
-        glyphs += [None if scaled else torch.tensor([encode(ch)[0] for line in g for ch in line]) for g in it["grids"]]
+        cell_targets += [None if scaled else (torch.tensor([encode(ch)[0] for line in g for ch in line]), row_targets(g))
+                         for g in it["grids"]]
     t = max(map(len, seqs))
     tokens = torch.tensor([s + [EOS] * (t - len(s)) for s in seqs])
     positions = torch.tensor([p + [p[-1]] * (t - len(p)) for p in poss])
     target = torch.tensor([lab + [-100] * (t - len(lab)) for lab in labels])
     supervised = target[:, :-1] != -100
     assert torch.equal(target[:, :-1][supervised], tokens[:, 1:][supervised]), "targets out of step"
-    return tokens, positions, target, slots, glyphs, torch.tensor(pointers, dtype=torch.long).view(-1, 3)
+    return tokens, positions, target, slots, cell_targets, torch.tensor(pointers, dtype=torch.long).view(-1, 3)
+
+
+def row_targets(grid):
+    """(cells, ROW_PROBE_CHARS) row-probe targets: the first characters of each cell's text line (spaces past its
+    end); -100 (ignored) in rows without text."""
+    out = []
+    for line in grid:
+        text = line.strip()
+        first = [encode(ch)[0] for ch in (text + " " * ROW_PROBE_CHARS)[:ROW_PROBE_CHARS]] if text else \
+            [-100] * ROW_PROBE_CHARS
+        out += [first] * len(line)
+    return torch.tensor(out)
 
 
 def vision_feats(model, images):
@@ -169,12 +186,12 @@ def blind_masks(items, pointers, t, c):
 
 
 def batch_sums(model, groups, max_questions, pointer_layers):
-    """Sums and counts of the answer, glyph and pointer loss terms over groups of items (length_groups); a loss is
+    """Sums and counts of the answer, glyph, pointer and row loss terms over groups of items (length_groups); a loss is
     its sum over the count of the whole batch, whichever worker computed which groups."""
-    sums, counts = [torch.zeros(()) for _ in range(3)], [0] * 3
+    sums, counts = [torch.zeros(()) for _ in range(4)], [0] * 4
     c = model.c
     for group in groups:
-        tokens, positions, target, slots, glyphs, pointers = make_batch(group, max_questions)
+        tokens, positions, target, slots, cell_targets, pointers = make_batch(group, max_questions)
         feats = vision_feats(model, [img for it in group for img in it["images"]])
         logits, probs = model(model.embed(tokens[:, :-1], feats, slots), positions[:, :-1], pointer_layers,
                               blind_masks(group, pointers, tokens.shape[1] - 1, c))
@@ -182,10 +199,14 @@ def batch_sums(model, groups, max_questions, pointer_layers):
         sums[0] = sums[0] + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, ignore_index=-100,
                                             reduction="sum")
         counts[0] += int((target != -100).sum())
-        for f, g in zip(feats, glyphs):
-            if g is not None:
-                sums[1] = sums[1] + F.cross_entropy(model.glyph_logits(f), g, reduction="sum")
-                counts[1] += g.numel()
+        for f, cells in zip(feats, cell_targets):
+            if cells is not None:
+                glyph, row = cells
+                sums[1] = sums[1] + F.cross_entropy(model.glyph_logits(f), glyph, reduction="sum")
+                counts[1] += glyph.numel()
+                sums[3] = sums[3] + F.cross_entropy(model.row_logits(f).flatten(0, 1), row.flatten(), ignore_index=-100,
+                                                    reduction="sum")
+                counts[3] += int((row != -100).sum())
         if len(pointers):
             heads = torch.arange(0, c.n_head, c.n_head // c.n_head_kv)[None]  # one query head per KV group
             row, query, key = (pointers[:, i, None] for i in range(3))
@@ -248,9 +269,9 @@ def reduce_step(sums, counts, stopping, world):
     local = torch.tensor([float(x) for x in sums] + [float(n) for n in counts] + [float(stopping)], dtype=torch.float64)
     if world > 1:
         torch.distributed.all_reduce(local)
-    total = local.tolist()
-    counts = [max(1.0, n) for n in total[3:6]]
-    return counts, [v / n for v, n in zip(total[:3], counts)], total[6] > 0
+    total, n = local.tolist(), len(sums)
+    counts = [max(1.0, c) for c in total[n: 2 * n]]
+    return counts, [v / c for v, c in zip(total[:n], counts)], total[2 * n] > 0
 
 
 def sum_gradients(model, world):
@@ -287,7 +308,7 @@ def train(rank, args):
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
-    step, seconds0 = resume(ckpt_path, model, opt)
+    step, seconds0 = resume(ckpt_path, model, opt, optional=("row_probe.",))
     lead = rank == 0
     if lead:
         print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; {world} worker(s); config "
@@ -310,8 +331,9 @@ def train(rank, args):
         groups = length_groups(train_items(args.seed, step, args.batch, blind, blind_groups))[rank::world]
         sums, counts = batch_sums(model, groups, args.questions, pointer_layers)
         counts, values, stop = reduce_step(sums, counts, bool(signals), world)
-        loss, glyph, pointer = (s / n for s, n in zip(sums, counts))
-        total = loss + args.glyph_weight * glyph + w_pointer * pointer
+        loss, glyph, pointer, row = (s / n for s, n in zip(sums, counts))
+        w_row = args.row_weight if step >= args.row_from else 0.0
+        total = loss + args.glyph_weight * glyph + w_pointer * pointer + w_row * row
         opt.zero_grad(set_to_none=True)
         total.backward()
         sum_gradients(model, world)
@@ -324,7 +346,8 @@ def train(rank, args):
         if step % 10 == 0:
             per = (time.time() - t_start) / len(hist)
             m = np.mean(hist[-10:], 0)
-            print(f"step {step}/{args.steps} loss {m[0]:.4f} glyph {m[1]:.4f} pointer {m[2]:.3f} {per:.2f} s/step "
+            print(f"step {step}/{args.steps} loss {m[0]:.4f} glyph {m[1]:.4f} pointer {m[2]:.3f} row {m[3]:.3f} "
+                  f"{per:.2f} s/step "
                   f"ETA {(args.steps - step) * per / 3600:.1f} h", file=sys.stderr, flush=True)
         if step % args.eval_every == 0 or step == args.steps:
             em = evaluate(model, held_out)
@@ -356,6 +379,8 @@ def main():
                     help="share of items whose answer cells one random (layer, KV group) cannot see, so that no group "
                          "alone decides the answers")
     ap.add_argument("--blind-from", type=int, default=0, help="the step from which --blind applies")
+    ap.add_argument("--row-weight", type=float, default=0.0, help="weight of the row probe's loss")
+    ap.add_argument("--row-from", type=int, default=0, help="the step from which --row-weight applies")
     args = ap.parse_args()
     os.makedirs(args.run, exist_ok=True)
     if args.workers == 1:

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""tiny-qwen2vl's training-time blinding (vlm/train_qwen2vl.py --blind): the items of a step do not depend on it;
-a blind (layer, KV group) gives its query heads exactly zero attention on the item's answer cells, leaves every
-other head, layer and item as without it, and drops its pointer head from the pointer loss; attention with a key
-mask equals a per-head softmax written out by hand. Needs torch (scripts/setup.sh --training); exits 77 (skipped) without it. Usage: test-train-blind.py ROOT"""
+"""tiny-qwen2vl's training (vlm/train_qwen2vl.py).
+- Blinding (--blind): the items of a step do not depend on it; a blind (layer, KV group) gives its query heads
+  exactly zero attention on the item's answer cells, leaves every other head, layer and item as without it, and
+  drops its pointer head from the pointer loss; attention with a key mask equals a per-head softmax written out by
+  hand, and its gradients pass gradcheck.
+- The row probe's targets for a page written out by hand.
+- Resuming a checkpoint saved before a training-only module existed: the other parameters and their optimizer
+  state come back by name, the new module starts without state; a checkpoint missing anything else is refused. Needs torch (scripts/setup.sh --training); exits 77 (skipped) without it. Usage: test-train-blind.py ROOT"""
 
 import math
 import os
 import sys
+import tempfile
 
 try:
     import torch
@@ -16,7 +21,8 @@ except ImportError:
 
 sys.path.insert(0, os.path.join(sys.argv[1], "vlm"))
 import train_qwen2vl as T  # noqa: E402
-from model import attention  # noqa: E402
+from model import attention, encode  # noqa: E402
+from train import resume  # noqa: E402
 from qwen2vl import Config, TinyQwen2VL, vocab  # noqa: E402
 
 failures = []
@@ -87,6 +93,50 @@ terms = [-math.log(float(probs1[il][r, g * 2, q, key]) + 1e-6) for il in (2, 3) 
          for r, q, key in pointers.tolist() if not (r == 0 and (il, g) == (2, 1))]
 check(counts[2] == 4 * len(pointers) - int((rows == 0).sum()), "one pointer term fewer per blinded answer cell")
 check(abs(float(sums[2]) - sum(terms)) < 1e-3 * len(terms), "the pointer loss is the sum over the seeing heads")
+
+# row probe targets: the first 3 characters of each cell's text line, -100 in rows without text
+tax, total, blank = [encode(ch)[0] for ch in "TAX"], [encode(ch)[0] for ch in "TOT"], [-100] * 3
+rows = T.row_targets(["  TAX  10.31 ", "             ", "TOTAL 1      "]).tolist()
+check(rows == [tax] * 13 + [blank] * 13 + [total] * 13, "row targets of a 3-line page")
+check(T.row_targets(["  7  "])[0].tolist() == [encode(ch)[0] for ch in "7  "], "a line shorter than 3 is padded")
+
+
+def optimiser(m):  # as train_qwen2vl.train builds it
+    decay = [p for n, p in m.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in m.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}])
+
+
+# a checkpoint from before the row probe resumes into a model with it
+torch.manual_seed(5)
+old = TinyQwen2VL(Config(n_vocab=len(vocab()[0])))
+del old.row_probe
+old_opt = optimiser(old)
+for p in old.parameters():
+    p.grad = torch.randn_like(p)
+old_opt.step()
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "ckpt.pt")
+    torch.save({"model": old.state_dict(), "opt": old_opt.state_dict(), "step": 7, "seconds": 3.0,
+                "config": old.c.to_dict()}, path)
+    new = TinyQwen2VL(Config(n_vocab=len(vocab()[0])))
+    new_opt = optimiser(new)
+    check(resume(path, new, new_opt, optional=("row_probe.",)) == (7, 3.0), "resumed at the saved step")
+    olds, news = dict(old.named_parameters()), dict(new.named_parameters())
+    check(all(torch.equal(olds[n], news[n]) for n in olds), "every saved parameter is back")
+    check(all(torch.equal(old_opt.state[olds[n]]["exp_avg_sq"], new_opt.state[news[n]]["exp_avg_sq"]) for n in olds),
+          "every saved parameter's optimizer state is back, by name")
+    check(news["row_probe.weight"] not in new_opt.state, "the new probe starts without optimizer state")
+    for p in new.parameters():
+        p.grad = torch.ones_like(p)
+    new_opt.step()
+    check(int(new_opt.state[news["row_probe.weight"]]["step"]) == 1, "and steps from there")
+    try:
+        resume(path, TinyQwen2VL(Config(n_vocab=len(vocab()[0]))), optimiser(new), optional=())
+        refused = False
+    except SystemExit:
+        refused = True
+    check(refused, "without the optional prefix, the same checkpoint is refused")
 
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)
