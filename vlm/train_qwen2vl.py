@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Train tiny-qwen2vl (vlm/qwen2vl.py) on gen_pages.py's documents (CPU, seeded, resumable).
 
-  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen1 --steps 8000 --workers 2 --blind 0.5 --blind-from 2088  # rerun to resume
+  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen1 --steps 8000 --workers 2 --blind 0.5 --blind-from 2088 \
+      --row-weight 0.3 --row-from 2612   # rerun the same command to resume
 
 RUN/ckpt.pt is written atomically every --save-every steps and on SIGTERM/SIGINT; the items of a step depend only
 on (--seed, step), so a run stopped at any moment resumes from its last checkpoint with the same data order.
@@ -98,8 +99,7 @@ def train_items(base_seed, step, batch, blind=0.0, groups=()):
 
 def make_batch(items, max_questions):
     """tokens, positions, targets, image slots, cell targets (per image: glyph and row targets, None when
-    downscaled) and pointers
-    (batch row, predicting position, target position)."""
+    downscaled) and pointers (batch row, predicting position, target position)."""
     seqs, poss, labels, slots, cell_targets, pointers = [], [], [], [], [], []
     for row, it in enumerate(items):
         shapes = [grid_shape(img) for img in it["images"]]
@@ -347,8 +347,7 @@ def train(rank, args):
             per = (time.time() - t_start) / len(hist)
             m = np.mean(hist[-10:], 0)
             print(f"step {step}/{args.steps} loss {m[0]:.4f} glyph {m[1]:.4f} pointer {m[2]:.3f} row {m[3]:.3f} "
-                  f"{per:.2f} s/step "
-                  f"ETA {(args.steps - step) * per / 3600:.1f} h", file=sys.stderr, flush=True)
+                  f"{per:.2f} s/step ETA {(args.steps - step) * per / 3600:.1f} h", file=sys.stderr, flush=True)
         if step % args.eval_every == 0 or step == args.steps:
             em = evaluate(model, held_out)
             m = np.mean(hist[-50:], 0)
@@ -382,6 +381,8 @@ def main():
     ap.add_argument("--row-weight", type=float, default=0.0, help="weight of the row probe's loss")
     ap.add_argument("--row-from", type=int, default=0, help="the step from which --row-weight applies")
     args = ap.parse_args()
+    if not 0.0 <= args.blind <= 1.0 or args.row_weight < 0:
+        ap.error("--blind is a share (0 to 1) and --row-weight is not negative")
     os.makedirs(args.run, exist_ok=True)
     if args.workers == 1:
         return train(0, args)
