@@ -2,9 +2,9 @@
 """The properties the ECOKV paper's claims rest on, measured for a tiny VLM (issue 14's targets), before training
 (--init: the model as train*.py initialises it, same seed) or after (a checkpoint, or tiny-vlm's export prefix).
 
-  python3 vlm/check_targets.py vlm/runs/qwen1/ckpt.pt --out models/tiny-qwen2vl-targets.json
+  python3 vlm/check_targets.py vlm/runs/qwen2/ckpt.pt --out models/tiny-qwen2vl-targets.json
   python3 vlm/check_targets.py models/tiny-vlm --out models/tiny-vlm-targets.json
-  python3 vlm/check_targets.py vlm/runs/qwen1/ckpt.pt --init --out vlm/runs/qwen1/targets-init.json
+  python3 vlm/check_targets.py vlm/runs/qwen2/ckpt.pt --init --out vlm/runs/qwen2/targets-init.json
 
 Three groups of measures, on held-out items (seeds 240200..240219 for pages, 240300..240399 for questions; below
 the reserved 250,000-999,999 and apart from every evaluation set):

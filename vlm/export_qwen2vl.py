@@ -2,7 +2,7 @@
 """Export a tiny-qwen2vl checkpoint (vlm/train_qwen2vl.py) to the two GGUF files llama.cpp 0.5.0 loads: the text
 model (arch qwen2vl) and the mmproj (arch clip, projector type qwen2vl_merger), with the pinned tree's gguf-py.
 
-  python3 vlm/export_qwen2vl.py vlm/runs/qwen1/ckpt.pt --out models/tiny-qwen2vl
+  python3 vlm/export_qwen2vl.py vlm/runs/qwen2/ckpt.pt --out models/tiny-qwen2vl
 
 writes PREFIX.gguf and PREFIX-mmproj.gguf (F32; each through a temp file, renamed when complete).
 """

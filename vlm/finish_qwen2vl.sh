@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # After training: everything tiny-qwen2vl's card needs that does not take hours, from the run's checkpoint.
-#   bash vlm/finish_qwen2vl.sh [RUN] [PREFIX]      (defaults: vlm/runs/qwen1, models/tiny-qwen2vl)
+#   bash vlm/finish_qwen2vl.sh [RUN] [PREFIX]      (defaults: vlm/runs/qwen2, models/tiny-qwen2vl)
 # 1. export (PREFIX.gguf, PREFIX-mmproj.gguf) and check it against llama.cpp's cache;
 # 2. SparseMM head scores (PREFIX-head-scores.json), the issue's targets after training (models/targets/);
 # 3. the sample page (held-out seed 240014) and `ecokv analyze` of it with plots (PREFIX-analysis/);
@@ -8,7 +8,7 @@
 # Then `bash vlm/evaluate.sh PREFIX` (hours) gives the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-run=${1:-vlm/runs/qwen1}
+run=${1:-vlm/runs/qwen2}
 prefix=${2:-models/tiny-qwen2vl}
 name=$(basename "$prefix")
 py=/usr/bin/python3

@@ -3,7 +3,7 @@
 official JSON format (what `--head-scores` of sparsemm reads).
 
   python3 vlm/head_scores.py models/tiny-vlm --out models/tiny-vlm-head-scores.json      # a GGUF export, or
-  python3 vlm/head_scores.py vlm/runs/qwen1/ckpt.pt --out models/tiny-qwen2vl-head-scores.json
+  python3 vlm/head_scores.py vlm/runs/qwen2/ckpt.pt --out models/tiny-qwen2vl-head-scores.json
 
 SparseMM (visual_head/*_visual_head.py; ../shared/notes/reference-implementations.md 2.6) runs the model on OCR
 images and, for each output token that matches a text whose bounding box is known, adds 1/|box tokens| to every

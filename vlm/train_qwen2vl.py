@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """Train tiny-qwen2vl (vlm/qwen2vl.py) on gen_pages.py's documents (CPU, seeded, resumable).
 
-  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen1 --steps 8000 --workers 2 --blind 0.5 --blind-from 2088 \
-      --row-weight 0.3 --row-from 2612   # rerun the same command to resume
+  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen2 --workers 2   # rerun the same command to resume
 
 RUN/ckpt.pt is written atomically every --save-every steps and on SIGTERM/SIGINT; the items of a step depend only
 on (--seed, step), so a run stopped at any moment resumes from its last checkpoint with the same data order.
@@ -374,11 +373,11 @@ def main():
     ap.add_argument("--pointer-weight", type=float, default=1.0)
     ap.add_argument("--pointer-layers", default="2,3")
     ap.add_argument("--pointer-anneal", default="1500,3000", help="steps between which the pointer weight falls to 1/10")
-    ap.add_argument("--blind", type=float, default=0.0,
+    ap.add_argument("--blind", type=float, default=0.5,
                     help="share of items whose answer cells one random (layer, KV group) cannot see, so that no group "
                          "alone decides the answers")
-    ap.add_argument("--blind-from", type=int, default=0, help="the step from which --blind applies")
-    ap.add_argument("--row-weight", type=float, default=0.0, help="weight of the row probe's loss")
+    ap.add_argument("--blind-from", type=int, default=1000, help="the step from which --blind applies")
+    ap.add_argument("--row-weight", type=float, default=0.3, help="weight of the row probe's loss")
     ap.add_argument("--row-from", type=int, default=0, help="the step from which --row-weight applies")
     args = ap.parse_args()
     if not 0.0 <= args.blind <= 1.0 or args.row_weight < 0:
