@@ -52,8 +52,12 @@ def publish(out, name, dest):
         for ext in ('md', 'csv', 'json'):
             base = f'{name}-{protocol}.{ext}'
             tmp = os.path.join(dest, base + '.tmp')
-            shutil.copyfile(os.path.join(out, base), tmp)
-            os.replace(tmp, os.path.join(dest, base))
+            try:
+                shutil.copyfile(os.path.join(out, base), tmp)
+                os.replace(tmp, os.path.join(dest, base))
+            finally:  # a failed copy (a missing report, a full disk, Ctrl-C) leaves no .tmp behind
+                if os.path.exists(tmp):
+                    os.remove(tmp)
 
 
 def main():
@@ -64,7 +68,10 @@ def main():
     a = ap.parse_args()
     sys.stdout.write(card_tables(a.out, a.set))
     if a.publish:
-        publish(a.out, a.set, a.publish)
+        try:
+            publish(a.out, a.set, a.publish)
+        except OSError as e:
+            sys.exit(f'card_tables: cannot publish to {a.publish}: {e}')
 
 
 if __name__ == '__main__':

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """vlm/card_tables.py: the first table of each protocol's report, under a heading naming the extra rows present;
---publish copies the six report files and leaves no temporary file; a missing report, or one without a table, is
+--publish copies the six report files and leaves no temporary file, even when a copy fails (a clear error); a missing
 an error.
 Usage: test-card-tables.py REPO_ROOT"""
 
@@ -71,6 +71,14 @@ with tempfile.TemporaryDirectory() as tmp:
     check(published == sorted(f"qa-agnostic-{p}.{e}" for p in ("paper", "equal") for e in ("md", "csv", "json")),
           f"six reports published, no temporary file: {published}")
     check(open(os.path.join(dest, "qa-agnostic-equal.csv")).read() == "csv equal\n", "published bytes unchanged")
+
+    blocked = os.path.join(tmp, "blocked")
+    os.makedirs(os.path.join(blocked, "qa-agnostic-paper.csv", "x"))  # a report's name taken by a directory
+    r = subprocess.run([sys.executable, SCRIPT, out, "qa-agnostic", "--publish", blocked], capture_output=True, text=True)
+    check(r.returncode == 1 and r.stderr.startswith(f"card_tables: cannot publish to {blocked}: ")
+          and "Traceback" not in r.stderr, f"a failed copy is a clear error: {r.stderr.strip()}")
+    left = sorted(os.listdir(blocked))
+    check(left == ["qa-agnostic-paper.csv", "qa-agnostic-paper.md"], f"no temporary file left behind: {left}")
 
     with open(os.path.join(out, "qa-agnostic-paper.md"), "w") as f:
         f.write("## generated\n\nno table\n")
