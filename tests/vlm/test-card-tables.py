@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """vlm/card_tables.py: the first table of each protocol's report, under a heading naming the extra rows present;
 --publish copies the six report files and leaves no temporary file, even when a copy fails (a clear error); a missing
-an error.
+report, or one without a table, is an error.
 Usage: test-card-tables.py REPO_ROOT"""
 
 import os
