@@ -157,15 +157,26 @@ def vision_feats(model, images):
     return out
 
 
+def image_area(it):
+    return sum(img.shape[0] * img.shape[1] for img in it["images"])
+
+
 def length_groups(items, size=6):
     """The items in groups of at most `size` of the same image count and similar image area, so that little of a
     forward pass is padding (attention costs the square of the longest sequence of a group)."""
     out = []
     for n_images in sorted({len(it["images"]) for it in items}):
-        group = sorted((it for it in items if len(it["images"]) == n_images),
-                       key=lambda it: sum(img.shape[0] * img.shape[1] for img in it["images"]))
+        group = sorted((it for it in items if len(it["images"]) == n_images), key=image_area)
         out += [group[i: i + size] for i in range(0, len(group), size)]
     return out
+
+
+def worker_groups(items, rank, world):
+    """Worker `rank`'s share of a step's items, in length_groups. The items are dealt out in turn in order of image
+    count and area, so the workers' shares cost about the same: each step waits for the slowest worker. (Dealing out
+    whole groups gave one worker the larger pages of every step: it did 1.6x the other's work, the other idled.)"""
+    ordered = sorted(items, key=lambda it: (len(it["images"]), image_area(it)))
+    return length_groups(ordered[rank::world])
 
 
 def blind_masks(items, pointers, t, c):
@@ -327,7 +338,7 @@ def train(rank, args):
             g["lr"] = lr_at(step, args)
         w_pointer = args.pointer_weight * (1 - 0.9 * min(1.0, max(0.0, (step - a0) / max(1, a1 - a0))))
         blind = args.blind if step >= args.blind_from else 0.0
-        groups = length_groups(train_items(args.seed, step, args.batch, blind, blind_groups))[rank::world]
+        groups = worker_groups(train_items(args.seed, step, args.batch, blind, blind_groups), rank, world)
         sums, counts = batch_sums(model, groups, args.questions, pointer_layers)
         counts, values, stop = reduce_step(sums, counts, bool(signals), world)
         loss, glyph, pointer, row = (s / n for s, n in zip(sums, counts))
