@@ -7,7 +7,8 @@
 - The row probe's targets for a page written out by hand; the workers' shares of a step partition its items at
   like cost.
 - Resuming a checkpoint saved before a training-only module existed: the other parameters and their optimizer
-  state come back by name, the new module starts without state; a checkpoint missing anything else is refused. Needs torch (scripts/setup.sh --training); exits 77 (skipped) without it. Usage: test-train-blind.py ROOT"""
+  state come back by name, the new module starts without state; a checkpoint missing anything else is refused.
+Needs torch (scripts/setup.sh --training); exits 77 (skipped) without it. Usage: test-train-qwen2vl.py ROOT"""
 
 import math
 import os
@@ -143,10 +144,12 @@ with tempfile.TemporaryDirectory() as d:
 items = T.train_items(1, 2600, 12)
 shares = [[it for g in T.worker_groups(items, r, 2) for it in g] for r in range(2)]
 check(sorted(map(id, shares[0] + shares[1])) == sorted(map(id, items)), "two workers' shares partition the items")
-check(all(len({len(it["images"]) for it in g}) == 1 and len(g) <= 6 for r in range(2) for g in T.worker_groups(items, r, 2)),
+groups = [g for r in range(2) for g in T.worker_groups(items, r, 2)]
+check(all(len({len(it["images"]) for it in g}) == 1 and len(g) <= 6 for g in groups),
       "each group holds at most 6 items of one image count")
 areas = [sum(T.image_area(it) for it in share) for share in shares]
-check(abs(areas[0] - areas[1]) <= max(map(T.image_area, items)), f"the shares' image areas differ by at most one item's: {areas}")
+check(abs(areas[0] - areas[1]) <= max(map(T.image_area, items)),
+      f"the shares' image areas differ by at most one item's: {areas}")
 check([it for g in T.worker_groups(items, 0, 1) for it in g] == [it for g in T.length_groups(items) for it in g],
       "one worker gets every group")
 
