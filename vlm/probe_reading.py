@@ -83,7 +83,7 @@ def main():
         ap.error(f"--layers: 0 to {model.c.n_layer - 1}")
     items = [gen_pages.item(T.EVAL_SEED + i, "qa") for i in range(a.items)]
     where, right, total = probe(model, items, layers)
-    exact = T.evaluate(model, items)
+    exact = T.evaluate(model, items) / len(items)
     print(f"step {step}, {a.items} watch items: answer tokens {right / total:.1%} right (teacher-forced), greedy "
           f"exact {exact:.1%}")
     print("| pointer head | " + " | ".join(WHERE) + " |\n|---|" + "---:|" * len(WHERE))

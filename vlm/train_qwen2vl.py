@@ -9,8 +9,8 @@ RUN/log.csv is the learning curve (losses; exact match of greedy answers on the 
 seeds 230000..230127 of gen_pages.py).
 --workers N runs N data-parallel processes (gloo): each computes the losses of its share of a step's item groups,
 the gradients are summed, and every worker applies the same update, so the run equals one process's to float
-rounding. A SIGTERM to the command or to any worker stops them all after the same step; worker 0 logs, evaluates
-and saves; if a worker dies, the others are stopped at once (rerun to resume).
+rounding. The workers share the watch set's decoding. A SIGTERM to the command or to any worker stops them all after
+the same step; worker 0 logs and saves; if a worker dies, the others are stopped at once (rerun to resume).
 
 Losses: cross-entropy on the answers (up to --questions per image), plus three training-only losses that add
 nothing to the exported files:
@@ -264,6 +264,7 @@ def greedy(model, items, max_new=16):
 
 
 def evaluate(model, items):
+    """The number of items whose greedy answer is exactly right."""
     model.eval()
     answers = []
     for i in range(0, len(items), 16):
@@ -272,7 +273,15 @@ def evaluate(model, items):
             sub = [it for it in group if len(it["images"]) == n]
             answers += list(zip(greedy(model, sub), sub))
     model.train()
-    return sum(a == it["answer"] for a, it in answers) / len(items)
+    return sum(a == it["answer"] for a, it in answers)
+
+
+def watch_exact(model, items, rank, world):
+    """Exact match on the watch set, each worker decoding its share (the other would otherwise wait idle)."""
+    right = torch.tensor([float(evaluate(model, items[rank::world]))], dtype=torch.float64)
+    if world > 1:
+        torch.distributed.all_reduce(right)
+    return float(right) / len(items)
 
 
 def reduce_step(sums, counts, stopping, world):
@@ -305,7 +314,7 @@ def sum_gradients(model, world):
 def train(rank, args):
     """One worker. Every worker holds the same model and optimiser state, computes the losses of its share of the
     step's item groups, and applies the summed gradients, so the run equals a single process's to float rounding.
-    Worker 0 logs, evaluates the watch set and saves."""
+    Worker 0 logs and saves; the workers share the watch set's decoding."""
     world = args.workers
     torch.set_num_threads(args.threads)
     if world > 1:
@@ -325,8 +334,8 @@ def train(rank, args):
     if lead:
         print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; {world} worker(s); config "
               f"{json.dumps(config.to_dict())}", file=sys.stderr)
-        held_out = [gen_pages.item(EVAL_SEED + i, "qa") for i in range(args.eval_items)]
         log, writer = open_log(args.run)
+    held_out = [gen_pages.item(EVAL_SEED + i, "qa") for i in range(args.eval_items)]
     pointer_layers = [int(x) for x in args.pointer_layers.split(",") if x]
     blind_groups = [(il, g) for il in range(config.n_layer) for g in range(config.n_head_kv)]
     a0, a1 = (int(x) for x in args.pointer_anneal.split(","))
@@ -352,6 +361,7 @@ def train(rank, args):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
+        em = watch_exact(model, held_out, rank, world) if step % args.eval_every == 0 or step == args.steps else None
         if not lead:
             continue
         hist.append(values)
@@ -360,8 +370,7 @@ def train(rank, args):
             m = np.mean(hist[-10:], 0)
             print(f"step {step}/{args.steps} loss {m[0]:.4f} glyph {m[1]:.4f} pointer {m[2]:.3f} row {m[3]:.3f} "
                   f"{per:.2f} s/step ETA {(args.steps - step) * per / 3600:.1f} h", file=sys.stderr, flush=True)
-        if step % args.eval_every == 0 or step == args.steps:
-            em = evaluate(model, held_out)
+        if em is not None:
             m = np.mean(hist[-50:], 0)
             writer.writerow([step, f"{seconds0 + time.time() - t_start:.0f}", f"{m[0]:.4f}", f"{m[1]:.4f}",
                              f"{m[2]:.4f}", f"{lr_at(step, args):.2e}", f"{em:.4f}"])
