@@ -253,9 +253,19 @@ def optimizer_state(saved, model, opt, new):
     return {"state": state, "param_groups": param_groups}
 
 
-def open_log(run):
-    """RUN/log.csv for appending (with its header when new) and its csv writer."""
+def open_log(run, step):
+    """RUN/log.csv for appending (with its header when new) and its csv writer. Rows past `step`, the checkpoint's,
+    are dropped first: a run stopped between logging and saving, or a log copied later than its checkpoint, would
+    otherwise log those steps twice on resuming."""
     path = os.path.join(run, "log.csv")
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        kept = rows[:1] + [r for r in rows[1:] if int(r[0]) <= step]
+        if kept != rows:
+            with open(path + ".tmp", "w", newline="") as f:
+                csv.writer(f).writerows(kept)
+            os.replace(path + ".tmp", path)
     new = not os.path.exists(path)
     log = open(path, "a", newline="")
     writer = csv.writer(log)
@@ -292,7 +302,7 @@ def main():
     print(f"{n_params / 1e6:.2f} M parameters; config {json.dumps(config.to_dict())}", file=sys.stderr)
 
     held_out = [gen_docs.item(EVAL_SEED + i, "qa") for i in range(args.eval_items)]
-    log, writer = open_log(args.run)
+    log, writer = open_log(args.run, step)
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

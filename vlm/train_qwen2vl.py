@@ -334,7 +334,7 @@ def train(rank, args):
     if lead:
         print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; {world} worker(s); config "
               f"{json.dumps(config.to_dict())}", file=sys.stderr)
-        log, writer = open_log(args.run)
+        log, writer = open_log(args.run, step)
     held_out = [gen_pages.item(EVAL_SEED + i, "qa") for i in range(args.eval_items)]
     pointer_layers = [int(x) for x in args.pointer_layers.split(",") if x]
     blind_groups = [(il, g) for il in range(config.n_layer) for g in range(config.n_head_kv)]

@@ -6,6 +6,7 @@
   hand, and its gradients pass gradcheck.
 - The row probe's targets for a page written out by hand; the workers' shares of a step partition its items at
   like cost.
+- Resuming drops log rows past the checkpoint's step.
 - Resuming a checkpoint saved before a training-only module existed: the other parameters and their optimizer
   state come back by name, the new module starts without state; a checkpoint missing anything else is refused.
 Needs torch (scripts/setup.sh --training); exits 77 (skipped) without it. Usage: test-train-qwen2vl.py ROOT"""
@@ -24,7 +25,7 @@ except ImportError:
 sys.path.insert(0, os.path.join(sys.argv[1], "vlm"))
 import train_qwen2vl as T  # noqa: E402
 from model import attention, encode  # noqa: E402
-from train import resume  # noqa: E402
+from train import open_log, resume  # noqa: E402
 from qwen2vl import Config, TinyQwen2VL, vocab  # noqa: E402
 
 failures = []
@@ -152,6 +153,20 @@ check(abs(areas[0] - areas[1]) <= max(map(T.image_area, items)),
       f"the shares' image areas differ by at most one item's: {areas}")
 check([it for g in T.worker_groups(items, 0, 1) for it in g] == [it for g in T.length_groups(items) for it in g],
       "one worker gets every group")
+
+# resuming drops log rows past the checkpoint's step, so no step is logged twice
+with tempfile.TemporaryDirectory() as run:
+    log, writer = open_log(run, 0)
+    for step in (250, 500, 750):
+        writer.writerow([step, step // 10, "1.0", "0.1", "0.2", "2e-3", "0.5"])
+    log.close()
+    log, writer = open_log(run, 500)
+    writer.writerow([750, 99, "0.9", "0.1", "0.2", "2e-3", "0.6"])
+    log.close()
+    lines = open(os.path.join(run, "log.csv")).read().splitlines()
+    check([ln.split(",")[:2] for ln in lines] == [["step", "seconds"], ["250", "25"], ["500", "50"], ["750", "99"]],
+          f"the row of step 750 is replaced, not repeated: {lines}")
+    check(os.listdir(run) == ["log.csv"], "no temporary file left")
 
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)
