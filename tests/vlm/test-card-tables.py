@@ -9,17 +9,10 @@ import subprocess
 import sys
 import tempfile
 
+from checks import check, finish  # tests/vlm/checks.py
+
 ROOT = sys.argv[1]
 SCRIPT = os.path.join(ROOT, "vlm", "card_tables.py")
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
-
 PAPER = """## generated (exact, x100)
 
 | method | 64 |
@@ -88,4 +81,4 @@ with tempfile.TemporaryDirectory() as tmp:
     r = subprocess.run([sys.executable, SCRIPT, out, "qa-prompt"], capture_output=True, text=True)
     check(r.returncode != 0 and "qa-prompt-paper.md missing" in r.stderr, f"a missing report is an error: {r.stderr.strip()}")
 
-sys.exit(1 if failures else 0)
+finish()

@@ -13,17 +13,9 @@ import zlib
 ROOT = sys.argv[1]
 GEN = os.path.join(ROOT, "vlm", "gen_docs.py")
 SAMPLE = os.path.join(ROOT, "tests", "data", "tiny-vlm")
+from checks import check, finish  # noqa: E402  (tests/vlm/checks.py)
 sys.path.insert(0, os.path.join(ROOT, "vlm"))
 import gen_docs  # noqa: E402
-
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
 
 def generate(out, seed, count, task):
     subprocess.run([sys.executable, GEN, "--seed", str(seed), "--count", str(count), "--task", task, "--out", out],
@@ -93,4 +85,4 @@ with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, tem
     check(all(set(i) >= {"id", "image", "question", "answers", "type"} for i in items), "items.jsonl fields")
     check(gen_docs.FIRST_TRAIN_SEED == 1_000_000, "training seeds start at 1,000,000 (held-out: below)")
 
-sys.exit(1 if failures else 0)
+finish()

@@ -13,19 +13,11 @@ import numpy as np
 
 ROOT = sys.argv[1]
 GEN = os.path.join(ROOT, "vlm", "gen_pages.py")
+from checks import check, finish  # noqa: E402  (tests/vlm/checks.py)
 sys.path.insert(0, os.path.join(ROOT, "vlm"))
 import gen_pages  # noqa: E402
 
 INK_MAX = 92  # ink colours are 0..90, plus pixel noise of at most 2
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
-
 def files(d):
     out = {}
     for base, _, names in os.walk(d):
@@ -79,5 +71,4 @@ want = (round(len(grid) * 0.6) * 8, round(len(grid[0]) * 0.6) * 8, 3)
 check(small["images"][0].shape == want and small["cells"] is None,
       f"a page downscaled by 0.6 has whole cells {small['images'][0].shape} == {want}, and no cells")
 
-print("FAILED: " + "; ".join(failures) if failures else "all passed")
-sys.exit(1 if failures else 0)
+finish()

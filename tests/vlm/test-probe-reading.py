@@ -17,21 +17,13 @@ except ImportError:
     sys.exit(77)
 
 ROOT = sys.argv[1]
+from checks import check, finish  # noqa: E402  (tests/vlm/checks.py)
 sys.path.insert(0, os.path.join(ROOT, "vlm"))
 import gen_pages  # noqa: E402
 import probe_reading as P  # noqa: E402
 import train_qwen2vl as T  # noqa: E402
 from model import encode  # noqa: E402
 from qwen2vl import VISION_START_ID, Config, TinyQwen2VL, prompt, vocab  # noqa: E402
-
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
 
 # classify: a 10-column page of 30 cells; the answer's cell is 13 (row 1, column 3)
 check([P.classify(t, 13, 10, 30) for t in (13, 10, 19, 3, 23, 29, -1, -5, 30, 40)] ==
@@ -81,4 +73,4 @@ for args, message in ((["x.pt", "--items", "0"], "--items: 1 to 128"), (["missin
     r = subprocess.run([sys.executable, script] + args, capture_output=True, text=True)
     check(r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, f"refused: {' '.join(args)}")
 
-sys.exit(1 if failures else 0)
+finish()

@@ -22,20 +22,12 @@ except ImportError:
     print("torch missing: skipped")
     sys.exit(77)
 
+from checks import check, finish  # noqa: E402  (tests/vlm/checks.py)
 sys.path.insert(0, os.path.join(sys.argv[1], "vlm"))
 import train_qwen2vl as T  # noqa: E402
 from model import attention, encode  # noqa: E402
 from train import open_log, resume  # noqa: E402
 from qwen2vl import Config, TinyQwen2VL, vocab  # noqa: E402
-
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
 
 # attention with a key mask against a loop over heads, queries and keys
 torch.manual_seed(3)
@@ -168,5 +160,4 @@ with tempfile.TemporaryDirectory() as run:
           f"the row of step 750 is replaced, not repeated: {lines}")
     check(os.listdir(run) == ["log.csv"], "no temporary file left")
 
-print(f"{len(failures)} failure(s)")
-sys.exit(1 if failures else 0)
+finish()
