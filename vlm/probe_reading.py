@@ -77,8 +77,14 @@ def main():
     if not os.path.isfile(a.checkpoint):
         ap.error(f"{a.checkpoint}: no such file")
     torch.set_num_threads(1)
-    model, step = load(a.checkpoint)
-    layers = [int(x) for x in a.layers.split(",")]
+    try:
+        layers = [int(x) for x in a.layers.split(",")]
+    except ValueError:
+        ap.error("--layers: comma-separated layer numbers")
+    try:
+        model, step = load(a.checkpoint)
+    except Exception as e:  # torch.load/load_state_dict raise several types on a corrupt or foreign file
+        sys.exit(f"probe_reading: {a.checkpoint}: not a tiny-qwen2vl checkpoint ({e})")
     if any(not 0 <= il < model.c.n_layer for il in layers):
         ap.error(f"--layers: 0 to {model.c.n_layer - 1}")
     items = [gen_pages.item(T.EVAL_SEED + i, "qa") for i in range(a.items)]
@@ -90,10 +96,11 @@ def main():
     for (il, g), n in where.items():
         print(f"| layer {il} group {g} | " + " | ".join(f"{x / max(1, sum(n)):.1%}" for x in n) + " |")
     if a.json:
-        with open(a.json, "w") as f:
+        with open(a.json + ".tmp", "w") as f:
             json.dump({"step": step, "items": a.items, "answer_tokens_right": right / total, "exact": exact,
                        "pointer_heads": [{"layer": il, "group": g, **{w: x / max(1, sum(n)) for w, x in zip(WHERE, n)}}
                                          for (il, g), n in where.items()]}, f, indent=1)
+        os.replace(a.json + ".tmp", a.json)  # never a half-written file
 
 
 if __name__ == "__main__":

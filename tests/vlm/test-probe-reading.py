@@ -69,8 +69,10 @@ check(sum(where[layers[0], 0]) == sum(c is not None for it in items for c in it[
       "one count per answer character")
 
 script = os.path.join(ROOT, "vlm", "probe_reading.py")
-for args, message in ((["x.pt", "--items", "0"], "--items: 1 to 128"), (["missing.pt"], "missing.pt: no such file")):
+bad = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checks.py")  # exists, not a checkpoint
+for args, message in ((["x.pt", "--items", "0"], "--items: 1 to 128"), (["missing.pt"], "missing.pt: no such file"),
+                      ([bad, "--layers", "2,x"], "--layers: comma-separated"), ([bad], "not a tiny-qwen2vl checkpoint")):
     r = subprocess.run([sys.executable, script] + args, capture_output=True, text=True)
-    check(r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, f"refused: {' '.join(args)}")
+    check(r.returncode in (1, 2) and message in r.stderr and "Traceback" not in r.stderr, f"refused: {' '.join(args)}")
 
 finish()
