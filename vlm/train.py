@@ -17,6 +17,7 @@ Training items use seeds >= 1,000,000 only (gen_docs.FIRST_TRAIN_SEED).
 
 import argparse
 import csv
+import ctypes
 import json
 import math
 import os
@@ -196,6 +197,22 @@ def evaluate(model, items):
 
 
 # --- checkpoints -------------------------------------------------------------------------------------------------
+def keep_freed_memory():
+    """Keep freed memory in the process instead of handing it back to the kernel (glibc only; elsewhere a no-op).
+    Autograd frees and reallocates its attention-sized buffers (tens of MB) every step, and glibc returns each one to
+    the kernel (mmap above 128 KiB, heap trimming), so every step page-faulted them back in zeroed: a quarter of the
+    training processes' CPU time was system time. Measured on one process computing 6 steps of tiny-qwen2vl's
+    batches beside the running training: 8.6 CPU s a step before, 5.0-5.5 after."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # glibc's malloc.h
+    libc.mallopt(m_mmap_threshold, 32 << 20)  # the largest glibc accepts; larger blocks are still mmapped
+    libc.mallopt(m_trim_threshold, 1 << 30)
+    libc.mallopt(m_top_pad, 64 << 20)
+
+
 def save(path, model, opt, step, seconds, args):
     tmp = path + ".tmp"
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": seconds,
@@ -290,6 +307,7 @@ def main():
     ap.add_argument("--pointer-layer", type=int, default=2)
     args = ap.parse_args()
 
+    keep_freed_memory()
     torch.set_num_threads(args.threads)
     os.makedirs(args.run, exist_ok=True)
     ckpt_path = os.path.join(args.run, "ckpt.pt")

@@ -52,7 +52,7 @@ import gen_docs  # noqa: E402
 import gen_pages  # noqa: E402
 from model import EOS, decode, encode  # noqa: E402
 from qwen2vl import ROW_PROBE_CHARS, Config, TinyQwen2VL, extend, prompt, vocab  # noqa: E402
-from train import lr_at, open_log, resume, run_options, save  # noqa: E402
+from train import keep_freed_memory, lr_at, open_log, resume, run_options, save  # noqa: E402
 
 EVAL_SEED = 230_000  # held-out watch set (below 250,000: 250,000-999,999 are reserved)
 
@@ -161,6 +161,13 @@ def image_area(it):
     return sum(img.shape[0] * img.shape[1] for img in it["images"])
 
 
+def item_cost(it, max_questions):
+    """An item's compute, estimated from its sequence length L as L * (L + 165): fitted to forward+backward times of
+    single pages (L ~ 580, 0.55 s) and three-page items (L ~ 1800, 4.5 s); attention's L^2 dominates."""
+    n = make_batch([it], max_questions)[0].shape[1]
+    return n * (n + 165)
+
+
 def length_groups(items, size=6):
     """The items in groups of at most `size` of the same image count and similar image area, so that little of a
     forward pass is padding (attention costs the square of the longest sequence of a group)."""
@@ -171,14 +178,16 @@ def length_groups(items, size=6):
     return out
 
 
-def worker_groups(items, rank, world):
-    """Worker `rank`'s share of a step's items, in length_groups. The items are dealt out in order of image count and
-    area, snaking (0, 1, 1, 0, ...), so the workers' shares cost about the same: each step waits for the slowest
-    worker. (Dealing out whole groups gave one worker the larger pages of every step: it did 1.6x the other's work;
-    dealing in turn, 1.3x.)"""
-    ordered = sorted(items, key=lambda it: (len(it["images"]), image_area(it)))
-    turn = [min(i % (2 * world), 2 * world - 1 - i % (2 * world)) for i in range(len(ordered))]
-    return length_groups([it for it, r in zip(ordered, turn) if r == rank])
+def worker_groups(items, rank, world, max_questions):
+    """Worker `rank`'s share of a step's items, in length_groups: each item, costliest first, goes to the worker with
+    the least estimated work so far (each step waits for the slowest worker). Dealing by image area gave every
+    multi-page item, which costs as much as 8 single pages, to worker 0: 1.3x worker 1's CPU time."""
+    loads, shares = [0] * world, [[] for _ in range(world)]
+    for cost, it in sorted(((item_cost(it, max_questions), it) for it in items), key=lambda c: -c[0]):
+        w = loads.index(min(loads))
+        loads[w] += cost
+        shares[w].append(it)
+    return length_groups(shares[rank])
 
 
 def blind_masks(items, pointers, t, c):
@@ -316,6 +325,7 @@ def train(rank, args):
     step's item groups, and applies the summed gradients, so the run equals a single process's to float rounding.
     Worker 0 logs and saves; the workers share the watch set's decoding."""
     world = args.workers
+    keep_freed_memory()
     torch.set_num_threads(args.threads)
     if world > 1:
         torch.distributed.init_process_group("gloo", init_method="file://" + os.path.abspath(args.rendezvous),
@@ -349,7 +359,8 @@ def train(rank, args):
             g["lr"] = lr_at(step, args)
         w_pointer = args.pointer_weight * (1 - 0.9 * min(1.0, max(0.0, (step - a0) / max(1, a1 - a0))))
         blind = args.blind if step >= args.blind_from else 0.0
-        groups = worker_groups(train_items(args.seed, step, args.batch, blind, blind_groups), rank, world)
+        groups = worker_groups(train_items(args.seed, step, args.batch, blind, blind_groups), rank, world,
+                               args.questions)
         sums, counts = batch_sums(model, groups, args.questions, pointer_layers)
         counts, values, stop = reduce_step(sums, counts, bool(signals), world)
         loss, glyph, pointer, row = (s / n for s, n in zip(sums, counts))

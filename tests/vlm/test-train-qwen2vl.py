@@ -133,18 +133,23 @@ with tempfile.TemporaryDirectory() as d:
         refused = True
     check(refused, "without the optional prefix, the same checkpoint is refused")
 
-# the workers' shares: a partition of the step's items, of like cost
-items = T.train_items(1, 2600, 12)
-shares = [[it for g in T.worker_groups(items, r, 2) for it in g] for r in range(2)]
+# the workers' shares: a partition of the step's items, of like cost. Step 2000 holds one three-page item, which costs
+# about as much as the eleven single pages together
+items = T.train_items(1, 2000, 12)
+check(sorted(len(it["images"]) for it in items) == [1] * 11 + [3], "step 2000: eleven single pages and one of three")
+shares = [[it for g in T.worker_groups(items, r, 2, 3) for it in g] for r in range(2)]
 check(sorted(map(id, shares[0] + shares[1])) == sorted(map(id, items)), "two workers' shares partition the items")
-groups = [g for r in range(2) for g in T.worker_groups(items, r, 2)]
+groups = [g for r in range(2) for g in T.worker_groups(items, r, 2, 3)]
 check(all(len({len(it["images"]) for it in g}) == 1 and len(g) <= 6 for g in groups),
       "each group holds at most 6 items of one image count")
-areas = [sum(T.image_area(it) for it in share) for share in shares]
-check(abs(areas[0] - areas[1]) <= max(map(T.image_area, items)),
-      f"the shares' image areas differ by at most one item's: {areas}")
-check([it for g in T.worker_groups(items, 0, 1) for it in g] == [it for g in T.length_groups(items) for it in g],
-      "one worker gets every group")
+lengths = [[len(T.make_batch([it], 3)[0][0]) for it in share] for share in shares]
+loads = [sum(n * (n + 165) for n in ns) for ns in lengths]
+check(abs(loads[0] - loads[1]) <= max(n * (n + 165) for ns in lengths for n in ns),
+      f"the shares' estimated costs differ by at most one item's: {loads}")
+multi = [r for r in range(2) if any(len(it["images"]) == 3 for it in shares[r])][0]
+check(len(shares[multi]) < len(shares[1 - multi]), f"the worker with the three-page item gets fewer pages: {lengths}")
+check(sorted(id(it) for g in T.worker_groups(items, 0, 1, 3) for it in g) == sorted(map(id, items)),
+      "one worker gets every item")
 
 # resuming drops log rows past the checkpoint's step, so no step is logged twice
 with tempfile.TemporaryDirectory() as run:
