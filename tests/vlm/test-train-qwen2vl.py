@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tiny-qwen2vl's training (vlm/train_qwen2vl.py).
-- Blinding (--blind): the items of a step do not depend on it; a blind (layer, KV group) gives its query heads
+- Blinding (--blind): the schedule's share at each step; the items of a step do not depend on it; a blind (layer, KV group) gives its query heads
   exactly zero attention on the item's answer cells, leaves every other head, layer and item as without it, and
   drops its pointer head from the pointer loss; attention with a key mask equals a per-head softmax written out by
   hand, and its gradients pass gradcheck.
@@ -50,6 +50,18 @@ check(torch.allclose(out, ref, atol=1e-5), "attention with a key mask equals the
 qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
 check(torch.autograd.gradcheck(lambda a, b_, c: attention(a, b_, c, causal.double(), key_mask=key_mask.double()),
                                (qd, kd, vd)), "its gradients (the mask is added in place) pass gradcheck")
+
+# the blinding schedule: the share of the last --blind-from step reached, none before the first
+args = type("Args", (), {"blind_schedule": T.blind_schedule("0.5,0.75", "1000,3000")})
+check([T.blind_at(s, args) for s in (0, 999, 1000, 2999, 3000, 8000)] == [0.0, 0.0, 0.5, 0.5, 0.75, 0.75],
+      "--blind 0.5,0.75 --blind-from 1000,3000: none, 0.5 from 1000, 0.75 from 3000")
+for shares, steps in (("0.5", "1000,3000"), ("1.5", "1000"), ("0.5,0.6", "3000,1000"), ("x", "1")):
+    try:
+        T.blind_schedule(shares, steps)
+        check(False, f"--blind {shares} --blind-from {steps} is refused")
+    except ValueError as e:
+        check("one share (0 to 1) for each step" in str(e) or "steps increasing" in str(e),
+              f"--blind {shares} --blind-from {steps} is refused: {e}")
 
 # the items of a step are the same with and without blinding
 groups = [(il, g) for il in range(4) for g in range(2)]
