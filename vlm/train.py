@@ -196,7 +196,7 @@ def evaluate(model, items):
     return sum(a == it["answer"] for a, it in zip(answers, items)) / len(items)
 
 
-# --- checkpoints -------------------------------------------------------------------------------------------------
+# --- memory --------------------------------------------------------------------------------------------------------
 def keep_freed_memory():
     """Keep freed memory in the process instead of handing it back to the kernel (glibc only; elsewhere a no-op).
     Autograd frees and reallocates its attention-sized buffers (tens of MB) every step, and glibc returns each one to
@@ -213,6 +213,7 @@ def keep_freed_memory():
     libc.mallopt(m_top_pad, 64 << 20)
 
 
+# --- checkpoints -------------------------------------------------------------------------------------------------
 def save(path, model, opt, step, seconds, args):
     tmp = path + ".tmp"
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": seconds,

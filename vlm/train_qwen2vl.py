@@ -203,8 +203,9 @@ def blind_schedule(shares, steps):
     return pairs
 
 
-def blind_at(step, args):
-    return next((p for s, p in reversed(args.blind_schedule) if step >= s), 0.0)
+def blind_at(step, schedule):
+    """The share of blinded items at `step`: that of the last schedule step reached, none before the first."""
+    return next((p for s, p in reversed(schedule) if step >= s), 0.0)
 
 
 def blind_masks(items, pointers, t, c):
@@ -375,8 +376,8 @@ def train(rank, args):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args)
         w_pointer = args.pointer_weight * (1 - 0.9 * min(1.0, max(0.0, (step - a0) / max(1, a1 - a0))))
-        groups = worker_groups(train_items(args.seed, step, args.batch, blind_at(step, args), blind_groups), rank, world,
-                               args.questions)
+        items = train_items(args.seed, step, args.batch, blind_at(step, args.blind_schedule), blind_groups)
+        groups = worker_groups(items, rank, world, args.questions)
         sums, counts = batch_sums(model, groups, args.questions, pointer_layers)
         counts, values, stop = reduce_step(sums, counts, bool(signals), world)
         loss, glyph, pointer, row = (s / n for s, n in zip(sums, counts))

@@ -52,8 +52,8 @@ check(torch.autograd.gradcheck(lambda a, b_, c: attention(a, b_, c, causal.doubl
                                (qd, kd, vd)), "its gradients (the mask is added in place) pass gradcheck")
 
 # the blinding schedule: the share of the last --blind-from step reached, none before the first
-args = type("Args", (), {"blind_schedule": T.blind_schedule("0.5,0.75", "1000,3000")})
-check([T.blind_at(s, args) for s in (0, 999, 1000, 2999, 3000, 8000)] == [0.0, 0.0, 0.5, 0.5, 0.75, 0.75],
+schedule = T.blind_schedule("0.5,0.75", "1000,3000")
+check([T.blind_at(s, schedule) for s in (0, 999, 1000, 2999, 3000, 8000)] == [0.0, 0.0, 0.5, 0.5, 0.75, 0.75],
       "--blind 0.5,0.75 --blind-from 1000,3000: none, 0.5 from 1000, 0.75 from 3000")
 for shares, steps in (("0.5", "1000,3000"), ("1.5", "1000"), ("0.5,0.6", "3000,1000"), ("x", "1")):
     try:
