@@ -1,12 +1,17 @@
 """Model-card tables from vlm/evaluate.sh's reports, and the reports copied beside the model.
 
     python3 vlm/card_tables.py EVAL_OUT SET [--publish DIR]
+    python3 vlm/card_tables.py --geometry INIT.json TRAINED.json
 
 prints, for one set (qa-agnostic, qa-prompt, read-agnostic or multi-agnostic), the score tables of both protocols
 (`ecokv report`'s first table of OUT/SET-paper.md and OUT/SET-equal.md) under the headings the model cards use.
 --publish DIR also copies OUT/SET-{paper,equal}.{md,csv,json} into DIR, each through a temporary file.
+--geometry prints the card's geometry table from vlm/check_targets.py's JSON before and after training: per (layer,
+KV head) the mean key cosine, the background near-duplicate share and lambda (init -> trained), and the share of
+right answers that group decides (trained).
 """
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -60,12 +65,38 @@ def publish(out, name, dest):
                     os.remove(tmp)
 
 
+def geometry_table(init_path, trained_path):
+    def load(path):
+        try:
+            with open(path) as f:
+                j = json.load(f)
+            return {(h['layer'], h['kv_head']): h for h in j['geometry']}, j['decisions']['decided_share']
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f'card_tables: {path}: not a check_targets.py result ({e})')
+    (init, _), (trained, decided) = load(init_path), load(trained_path)
+    if init.keys() != trained.keys():
+        sys.exit(f'card_tables: {init_path} and {trained_path} have different (layer, KV head) sets')
+    rows = ['| layer | KV head | mean key cosine (init -> trained) | background near-duplicates (init -> trained) | '
+            'lambda (init -> trained) | answers it decides |', '|---:|---:|---:|---:|---:|---:|']
+    for (layer, head) in sorted(trained):
+        a, b = init[(layer, head)], trained[(layer, head)]
+        cells = [f'{a[k]:.2f} -> {b[k]:.2f}' for k in ('pair_cos_mean', 'background_near_duplicates', 'lambda')]
+        rows.append(f'| {layer} | {head} | ' + ' | '.join(cells) + f' | {decided[layer][head]:.2f} |')
+    return '\n'.join(rows) + '\n'
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('out', help='vlm/evaluate.sh output directory')
-    ap.add_argument('set', help='qa-agnostic, qa-prompt, read-agnostic or multi-agnostic')
+    ap.add_argument('out', nargs='?', help='vlm/evaluate.sh output directory')
+    ap.add_argument('set', nargs='?', help='qa-agnostic, qa-prompt, read-agnostic or multi-agnostic')
     ap.add_argument('--publish', metavar='DIR', help='copy the set\'s reports into DIR')
+    ap.add_argument('--geometry', nargs=2, metavar=('INIT', 'TRAINED'), help='check_targets.py results')
     a = ap.parse_args()
+    if a.geometry:
+        sys.stdout.write(geometry_table(*a.geometry))
+        return
+    if not a.set:
+        ap.error('EVAL_OUT and SET are required (or --geometry INIT TRAINED)')
     sys.stdout.write(card_tables(a.out, a.set))
     if a.publish:
         try:
