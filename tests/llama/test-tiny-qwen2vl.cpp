@@ -1,0 +1,116 @@
+// The bundled Qwen2-VL-style tiny VLM (models/tiny-qwen2vl.gguf + models/tiny-qwen2vl-mmproj.gguf, trained by
+// vlm/train_qwen2vl.py): llama.cpp loads it through the real Qwen2-VL path (arch qwen2vl, M-RoPE, an mtmd
+// qwen2vl_merger projector with dynamic resolution) and, with the full cache, answers held-out generated items whose
+// answers come from the generator (tests/data/tiny-qwen2vl: seeds 0..7 of vlm/gen_pages.py, the first items of the
+// model card's evaluation set, below the training seeds).
+#include "test-util.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+namespace {
+
+using namespace ecokv::test;
+using json = nlohmann::json;
+
+const std::string k_models = std::string(ECOKV_ROOT) + "/models";
+const std::string k_items  = std::string(ECOKV_TEST_DATA) + "/tiny-qwen2vl";
+const std::string k_model  = k_models + "/tiny-qwen2vl.gguf";
+const std::string k_mmproj = k_models + "/tiny-qwen2vl-mmproj.gguf";
+
+constexpr int k_cell_bytes = 4 * 2 * 32 * 2 * 2;  // 4 layers x 2 KV heads x head_dim 32 x (K + V) x F16
+constexpr int k_text_tokens = 5;                  // BOS, <|vision_start|>, <|vision_end|>, two newlines
+
+std::vector<json> held_out_items() {
+    std::ifstream     in(k_items + "/items.jsonl");
+    std::vector<json> items;
+    for (std::string line; std::getline(in, line);) {
+        items.push_back(json::parse(line));
+    }
+    return items;
+}
+
+// A PNG's width and height, from its IHDR chunk (bytes 16..23, big-endian), read without an image library.
+std::pair<int, int> png_size(const std::string & path) {
+    const std::string bytes = read_file(path);
+    auto              be32  = [&](size_t at) {
+        int v = 0;
+        for (size_t i = 0; i < 4; ++i) {
+            v = v << 8 | static_cast<unsigned char>(bytes.at(at + i));
+        }
+        return v;
+    };
+    return { be32(16), be32(20) };
+}
+
+json run_json(const temp_dir & dir, std::vector<std::string> args) {
+    args.insert(args.begin(), { "run", "--json", "-t", "2", "--model", k_model, "--mmproj", k_mmproj });
+    const run_result r = run_cli(dir.path().string(), args);
+    EXPECT_EQ(r.code, 0) << describe(r);
+    return r.code == 0 ? json::parse(r.out) : json::object();
+}
+
+// One image token per 8x8 pixels (4-pixel ViT patches merged 2x2): the page sizes are multiples of 8, so mtmd keeps
+// them. Exact answers of 1-6 characters are near impossible by chance, so a broken load path (M-RoPE positions, the
+// merger's order, the vision control tokens) fails this; the model answers about 95% of held-out items exactly
+// (models/tiny-qwen2vl.md), and all 8 of these.
+TEST(tiny_qwen2vl, answers_held_out_items_with_the_full_cache) {
+    temp_dir                dir;
+    const std::vector<json> items = held_out_items();
+    ASSERT_EQ(items.size(), 8u);
+    int         n_exact = 0;
+    std::string misses;
+    for (const json & item : items) {
+        const std::string image = k_items + "/" + item["image"][0].get<std::string>();
+        const json j = run_json(dir, { "--image", image, "--question", item["question"], "-m", "snapkv", "-b", "100000",
+                                       "-n", "12" });
+        ASSERT_TRUE(j.contains("answers")) << item["id"];
+        ASSERT_EQ(j["answers"].size(), 1u) << "one question, commas and all (\"row 3, column 1\")";
+        EXPECT_EQ(j["answers"][0]["question"], item["question"]);
+        const auto [width, height] = png_size(image);
+        EXPECT_EQ(j["image_tokens"].get<int>(), (width / 8) * (height / 8)) << item["id"];
+        EXPECT_EQ(j["prompt_tokens"].get<int>(), j["image_tokens"].get<int>() + k_text_tokens);
+        const std::string answer = j["answers"][0]["text"].get<std::string>();
+        if (answer == item["answers"][0].get<std::string>()) {
+            ++n_exact;
+        } else {
+            misses += " " + item["id"].get<std::string>() + ": '" + answer + "'";
+        }
+    }
+    EXPECT_EQ(n_exact, 8) << "misses:" << misses;
+}
+
+// The smaller-image baseline of the model card: --image-max-tokens B resizes the page to at most B tokens, and the
+// cache holds exactly the smaller prompt.
+TEST(tiny_qwen2vl, smaller_image_holds_at_most_b_tokens) {
+    temp_dir          dir;
+    const json        item  = held_out_items().at(7);
+    const std::string image = k_items + "/" + item["image"][0].get<std::string>();
+    for (const int b : { 50, 100, 200 }) {
+        const json j = run_json(dir, { "--image", image, "--question", item["question"], "-m", "snapkv", "-b", "100000",
+                                       "-n", "12", "--image-max-tokens", std::to_string(b) });
+        ASSERT_TRUE(j.contains("image_tokens"));
+        const int n_image = j["image_tokens"].get<int>();
+        EXPECT_LE(n_image, b);
+        EXPECT_GT(n_image, b / 2) << "resized to about B tokens, not far below";
+        EXPECT_EQ(j["kv_bytes_prompt"].get<uint64_t>(), uint64_t(n_image + k_text_tokens) * k_cell_bytes);
+    }
+}
+
+// Eviction keeps exactly the budget per KV head, before the question (question-agnostic, as `ecokv run --question`).
+TEST(tiny_qwen2vl, compressed_cache_holds_the_budget) {
+    temp_dir          dir;
+    const json        item  = held_out_items().at(7);
+    const std::string image = k_items + "/" + item["image"][0].get<std::string>();
+    const json j = run_json(dir, { "--image", image, "--question", item["question"], "-m", "snapkv+ecokv", "-b", "100",
+                                   "-n", "12", "--compare-full" });
+    ASSERT_TRUE(j.contains("answers"));
+    const auto [width, height] = png_size(image);
+    EXPECT_EQ(j["kv_bytes_prompt"].get<uint64_t>(), uint64_t((width / 8) * (height / 8) + k_text_tokens) * k_cell_bytes);
+    EXPECT_EQ(j["kv_bytes_kept"].get<uint64_t>(), 100u * k_cell_bytes);
+    EXPECT_EQ(j["answers"][0]["full_text"], item["answers"][0]) << "the full cache's answer, from the generator";
+}
+
+}  // namespace
