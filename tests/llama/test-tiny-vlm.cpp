@@ -35,9 +35,10 @@ json run_json(const temp_dir & dir, std::vector<std::string> args) {
     return r.code == 0 ? json::parse(r.out) : json::object();
 }
 
-// The model answers about 95% of held-out items exactly (models/tiny-vlm.md); it misses qa-3 ("24" read as
-// "4"), so 7 of the 8 is its level. Exact answers of 1-6 characters are near impossible by chance, so a broken
-// load path (tokenizer, projector, image placement, RoPE) fails this.
+// The model answers about 95% of held-out items exactly (models/tiny-vlm.md), and all 8 of these. (qa-3, "row 3,
+// column 1", looked like a miss until `ecokv run` stopped splitting --question at commas.) Exact answers of 1-6
+// characters are near impossible by chance, so a broken load path (tokenizer, projector, image placement, RoPE)
+// fails this.
 TEST(tiny_vlm, answers_held_out_items_with_the_full_cache) {
     temp_dir                dir;
     const std::vector<json> items = held_out_items();
@@ -50,6 +51,7 @@ TEST(tiny_vlm, answers_held_out_items_with_the_full_cache) {
                                                   k_models + "/tiny-vlm-mmproj.gguf", "--image", image, "--question",
                                                   item["question"], "-m", "snapkv", "-b", "100000", "-n", "12" });
         ASSERT_TRUE(j.contains("answers")) << item["id"];
+        ASSERT_EQ(j["answers"].size(), 1u) << "one question, commas and all";
         EXPECT_EQ(j["prompt_tokens"].get<int>(), 147) << "BOS, 144 image tokens, two newlines (empty context)";
         const std::string answer = j["answers"][0]["text"].get<std::string>();
         if (answer == item["answers"][0].get<std::string>()) {
@@ -58,7 +60,7 @@ TEST(tiny_vlm, answers_held_out_items_with_the_full_cache) {
             misses += " " + item["id"].get<std::string>() + ": '" + answer + "'";
         }
     }
-    EXPECT_GE(n_exact, 7) << "misses:" << misses;
+    EXPECT_EQ(n_exact, 8) << "misses:" << misses;
 }
 
 TEST(tiny_vlm, is_the_default_model_of_run) {
