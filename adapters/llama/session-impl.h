@@ -1,0 +1,149 @@
+// ecokv-llama internals, not installed: the state behind the session API (ecokv/llama-session.h), which
+// session.cpp, prompt.cpp, sequence.cpp, chunked-prefill.cpp and snapshot.cpp all reach into, and the helpers they
+// share. One header, so that the split by concern leaves the classes' state in one place.
+#pragma once
+
+#include "ecokv/error.h"
+#include "ecokv/llama-adapter.h"
+#include "ecokv/llama-session.h"
+
+#include <mtmd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ecokv::llama {
+
+struct mtmd_deleter {
+    void operator()(mtmd_context * c) const { mtmd_free(c); }
+    void operator()(mtmd_input_chunks * c) const { mtmd_input_chunks_free(c); }
+    void operator()(mtmd_bitmap * b) const { mtmd_bitmap_free(b); }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0);
+
+// Prompts of at most 2048 cells go in one batch; larger ones in batches of options.n_batch.
+llama_context_params context_params(const session_options & o, int32_t n_cells);
+
+context_ptr new_context(const llama_model * model, const llama_context_params & p);
+
+struct prompt::impl {
+    std::vector<llama_token>                         tokens;
+    std::unique_ptr<mtmd_input_chunks, mtmd_deleter> chunks;
+    int32_t                                          n_cells = 0;
+    int32_t                                          n_media = 0;
+    std::vector<uint8_t>                             modality;
+    std::vector<uint64_t>                            units;  // see prompt::units()
+    std::vector<int32_t>                             cells;  // cells before each unit, and the total at the end
+    std::vector<media_grid>                          images;
+};
+
+struct session::impl {
+    session_options                             opts;
+    model_ptr                                   owned;          // null for a borrowed model
+    llama_model *                               model = nullptr;
+    std::unique_ptr<mtmd_context, mtmd_deleter> projector;
+    mutable std::mutex                          mtmd_mutex;  // libmtmd's clip context is not thread-safe
+};
+
+// The members that are not templates are defined in sequence.cpp.
+struct sequence::impl {
+    const session::impl *          s = nullptr;
+    llama_context_params           cparams{};  // of this context (compressed contexts share the V layout)
+    std::unique_ptr<query_capture> capture;    // the prefill's queries (and probe), or a probe, or none
+    context_ptr                    ctx;
+    mutable std::unique_ptr<prefill_state> state;  // views of the prefilled cache, made on demand
+    bool                           prefilled = false;
+
+    int32_t               n_cells = 0;
+    int32_t               n_extra = 0;  // room for new tokens, besides the prompt's or kept entries
+    llama_pos             n_past  = 0;
+    std::vector<float>    logits;
+    bool                  own_logits = true;
+    std::vector<uint32_t> layout;       // kept entries per (layer, KV head) of a compressed sequence, else empty
+    uint64_t              kv_kept = 0;  // 0: n_cells x bytes per cell
+    compression_info      comp;
+    std::vector<std::vector<int32_t>> kept_cells;     // per (layer, KV head): the prompt cells it keeps
+    std::vector<std::vector<uint8_t>> kept_modality;  // and their modality (empty for a text prompt)
+    int32_t                           peak_cells = 0;
+    uint64_t                          peak_bytes = 0;
+
+    int32_t              n_prompt = 0, n_media = 0;
+    std::vector<uint8_t> modality;
+    double               prefill_s = 0;
+    // Where rewind() comes back to: after the prompt, the compression or the restored snapshot. A compressed
+    // sequence starts from the prompt's, whatever the full one decoded since.
+    llama_pos            origin_n_past = 0;
+    std::vector<float>   origin_logits;
+    bool                 origin_own = true;
+
+    // f(), with NaN from the prefill (weights the pre-flight cannot read) named by the model file.
+    template <typename F> auto naming_model(F && f) const {
+        try {
+            return f();
+        } catch (const non_finite_error & e) {
+            const std::string projector =
+                s->opts.mmproj_path.empty() ? "" : " (or the projector " + s->opts.mmproj_path + "'s, for the images)";
+            throw error(s->opts.model_path + ": " + e.what() + projector);
+        }
+    }
+
+    compressed_cache compress(const prefill_state & st, const method_spec & spec, const method_params & params,
+                              int32_t n_room, query_capture * observer, bool in_place) const;
+
+    const prefill_state & prefill() const;
+
+    // Becomes the compressed cache `cc` of the prompt of `full` (which may be this very sequence).
+    void become_compressed(const impl & full, compressed_cache && cc);
+
+    // KV cells per head as allocated: the usual cache's cells, or a ragged one's longest head with its room.
+    int32_t head_cells() const;
+
+    // Records the memory held now, plus `transient` bytes held a moment before together with it.
+    void note_peak(uint64_t transient = 0);
+
+    // Runs f, which decodes from n_past; when it throws, whatever it decoded is removed again, so that n_past and
+    // logits still describe the cache.
+    template <typename F> auto consistent(F && f) {
+        try {
+            return f();
+        } catch (...) {
+            llama_memory_seq_rm(llama_get_memory(ctx.get()), 0, n_past, -1);
+            if (capture) {
+                capture->set_probe(false);
+            }
+            throw;
+        }
+    }
+
+    void decode(const std::vector<llama_token> & tokens);
+
+    // Decodes units [from, to) of `in` at n_past: text tokens in batches, images encoded and decoded by libmtmd.
+    // Units ending with an image leave no logits (libmtmd computes none): an error unless `may_end_with_image`
+    // (a chunk of a chunked prefill, whose logits nobody reads).
+    void eval(const prompt::impl & in, size_t from, size_t to, bool may_end_with_image = false);
+
+    // Greedy decoding (or teacher forcing) through f from n_past: n_past moves past the tokens f decoded and the
+    // logits become the last ones computed. The probe, when asked for and present, records every step into out.
+    template <typename F> auto steps(std::vector<std::vector<std::vector<float>>> * out, F && f) {
+        const bool probe = out != nullptr && capture != nullptr;
+        if (probe) {
+            capture->set_probe(true);
+        }
+        auto r = consistent([&] {
+            return f(probe ? step_hook([&] { out->push_back(capture->attention_outputs()); }) : step_hook{});
+        });
+        if (probe) {
+            capture->set_probe(false);
+        }
+        return r;
+    }
+
+    void advance(size_t n_decoded);
+};
+
+}  // namespace ecokv::llama

@@ -1,0 +1,94 @@
+// Snapshots: a sequence's cache saved to host memory, restored into its own context or resumed in a new one (a
+// compressed cache's ragged layout made again first).
+#include "ecokv/error.h"
+#include "kv-store.h"
+#include "session-impl.h"
+
+#include <algorithm>
+
+namespace ecokv::llama {
+
+namespace {
+
+// Replaces the context's cache by the snapshot's. A compressed snapshot first gets a ragged cache of its layout, with
+// room for n_room tokens besides the ones it holds. Checked before the cache is cleared where it can be; when llama.cpp still
+// rejects the state the cache is left empty.
+void write_state(llama_context * ctx, const snapshot & s, int32_t n_room) {
+    const uint32_t n_cells = state_cell_count(s.state);
+    if (!s.layout.empty()) {
+        if (int64_t(s.layout.size()) != int64_t(llama_model_n_layer(llama_get_model(ctx))) * llama_model_n_head_kv(llama_get_model(ctx))) {
+            throw error("the snapshot's layout does not match the model");
+        }
+        if (n_cells == 0 ||
+            !llama_kv_set_ragged(ctx, s.layout.data(), n_cells - 1 + uint32_t(n_room), 0, nullptr, nullptr)) {
+            throw error("cannot make a compressed cache for a snapshot of " + std::to_string(n_cells) + " cells");
+        }
+    } else if (llama_kv_layout(ctx) == 2) {
+        throw error("a full-cache snapshot cannot be restored into a compressed sequence");
+    } else if (n_cells == 0 || n_cells > llama_n_ctx(ctx)) {
+        throw error("a snapshot of " + std::to_string(n_cells) + " cells does not fit a context of " +
+                    std::to_string(llama_n_ctx(ctx)) + " cells");
+    }
+    llama_memory_clear(llama_get_memory(ctx), true);
+    if (llama_state_seq_set_data(ctx, s.state.data(), s.state.size(), 0) != s.state.size()) {
+        throw error("llama.cpp rejected the sequence state (" + std::to_string(n_cells) + " cells); the sequence is "
+                    "now empty");
+    }
+}
+
+}  // namespace
+
+sequence session::resume(const snapshot & s, int32_t n_extra, bool probe) const {
+    auto q            = std::make_unique<sequence::impl>();
+    q->s              = impl_.get();
+    q->cparams        = context_params(impl_->opts, s.n_cells + n_extra);
+    q->n_cells        = s.n_cells;
+    q->n_extra        = n_extra;
+    q->kv_kept        = s.kv_bytes_kept;
+    llama_context_params cp = q->cparams;
+    if (probe) {
+        q->capture = std::make_unique<query_capture>(model(), 1, false);
+        q->capture->set_active(false);
+        q->capture->attach(cp);
+    }
+    q->ctx = new_context(model(), cp);
+    sequence out(std::move(q));
+    out.restore(s);
+    return out;
+}
+
+snapshot sequence::save() const {
+    snapshot s;
+    s.state          = read_sequence(impl_->ctx.get());
+    s.layout         = impl_->layout;
+    s.logits         = impl_->logits;
+    s.own_logits     = impl_->own_logits;
+    // the cells held: a compressed cache's label cell and the tokens decoded since; else the prompt's and those
+    s.n_cells        = int32_t(state_cell_count(s.state));
+    s.n_past         = impl_->n_past;
+    s.kv_bytes_kept  = kv_bytes_kept();
+    return s;
+}
+
+void sequence::restore(const snapshot & s) {
+    // The prompt's capture no longer describes the cache: a restored sequence is a plain one.
+    impl_->state.reset();
+    impl_->prefilled = false;
+    impl_->comp      = {};
+    try {
+        write_state(impl_->ctx.get(), s, impl_->n_extra);
+    } catch (...) {
+        impl_->n_past = impl_->origin_n_past = impl_->n_cells = 0;
+        impl_->logits.clear();
+        impl_->origin_logits.clear();
+        throw;
+    }
+    impl_->layout         = s.layout;
+    impl_->n_cells        = s.layout.empty() ? s.n_cells : int32_t(*std::max_element(s.layout.begin(), s.layout.end()));
+    impl_->kv_kept        = s.kv_bytes_kept;
+    impl_->logits         = impl_->origin_logits = s.logits;
+    impl_->own_logits     = impl_->origin_own = s.own_logits;
+    impl_->n_past         = impl_->origin_n_past = s.n_past;
+}
+
+}  // namespace ecokv::llama
