@@ -4,7 +4,9 @@
 #include "seeded-random.h"
 #include "tiny-model.h"
 
+#include "common/engine-flags.h"
 #include "ecokv/error.h"
+#include "ecokv/llama-options.h"
 
 #include <sys/resource.h>
 
@@ -55,11 +57,8 @@ void add_model_options(cxxopts::Options & spec) {
     const auto str = [](const char * d) { return cxxopts::value<std::string>()->default_value(d); };
     // clang-format off
     spec.add_options()
-        ("threads", "CPU threads (ggml, the ecokv core, the weight fill)", i32("2"), "N")
-        ("ubatch", "prefill (micro-)batch", i32("512"), "N")
         ("wtype", "weight type of the matrices: q8_0, q4_0, f16, f32", str("q8_0"), "T")
         ("arch", "qwen2vl or llama", str("qwen2vl"), "A")
-        ("flash-attn", "auto, on or off, for every context", str("auto"), "M")
         ("seed", "weights and prompt", cxxopts::value<uint64_t>()->default_value("1"), "S");
     spec.add_options("model shape (Qwen2-VL-2B, vocabulary reduced)")
         ("layers", "layers", i32("28"), "N")
@@ -69,6 +68,15 @@ void add_model_options(cxxopts::Options & spec) {
         ("ff", "feed-forward width", i32("8960"), "N")
         ("vocab", "vocabulary", i32("32768"), "N");
     // clang-format on
+    tools::add_engine_options(spec, bench_engine_defaults());
+}
+
+llama::session_options bench_engine_defaults() {
+    llama::session_options so;
+    so.n_threads = 2;
+    so.n_batch   = 512;
+    so.n_ubatch  = 512;
+    return so;
 }
 
 int run_main(const char * name, const std::function<int()> & body) {
@@ -91,15 +99,7 @@ std::optional<cxxopts::ParseResult> parse_bench_options(cxxopts::Options & spec,
         ("h,help", "show this help");
     // clang-format on
     add_model_options(spec);
-    auto args = spec.parse(argc, argv);
-    if (args.count("help")) {
-        std::printf("%s\n", spec.help().c_str());
-        return std::nullopt;
-    }
-    if (!args.unmatched().empty()) {
-        throw error("unexpected argument '" + args.unmatched().front() + "'");
-    }
-    return args;
+    return tools::parse_options(spec, argc, argv, tools::engine_aliases());
 }
 
 output_options read_output_options(const cxxopts::ParseResult & args) {
@@ -112,8 +112,13 @@ output_options read_output_options(const cxxopts::ParseResult & args) {
 
 model_shape read_model_options(const cxxopts::ParseResult & args) {
     model_shape m;
-    m.threads    = bounded(args, "threads", 1);
-    m.n_ubatch   = bounded(args, "ubatch", 1);
+    m.engine     = tools::engine_options_from(args, bench_engine_defaults());
+    m.threads    = m.engine.n_threads;
+    m.n_ubatch   = m.engine.n_ubatch;
+    m.flash_attn = option_text(llama::get_engine_option(m.engine, "flash_attn"));
+    if (m.threads < 1) {
+        throw error("--threads must be at least 1 here (the bench's CPU shares divide by it)");
+    }
     m.n_layer    = bounded(args, "layers", 1);
     m.n_embd     = bounded(args, "embd", 1);
     m.n_head     = bounded(args, "heads", 1);
@@ -122,7 +127,6 @@ model_shape read_model_options(const cxxopts::ParseResult & args) {
     m.n_vocab    = bounded(args, "vocab", 2);
     m.wtype      = one_of(args, "wtype", { "q8_0", "q4_0", "f16", "f32" });
     m.arch       = one_of(args, "arch", { "qwen2vl", "llama" });
-    m.flash_attn = one_of(args, "flash-attn", { "auto", "on", "off" });
     m.seed       = args["seed"].as<uint64_t>();
     if (m.n_embd % m.n_head != 0 || m.n_head % m.n_head_kv != 0 || m.head_dim() % 2 != 0) {
         throw error("model shape: need n_embd % n_head == 0, n_head % n_kv_heads == 0 and an even head_dim");
@@ -158,17 +162,6 @@ llama::model_ptr build_model(const model_shape & m, model_info & info) {
     test::tiny_model tm = test::make_tiny_model(c);
     info                = { tm.n_params(), tm.n_bytes() };
     return llama::model_ptr(tm.release());
-}
-
-llama::session_options session_options_for(const model_shape & m) {
-    llama::session_options so;
-    so.n_threads  = m.threads;
-    so.n_batch    = m.n_ubatch;
-    so.n_ubatch   = m.n_ubatch;
-    so.flash_attn = m.flash_attn == "on"    ? LLAMA_FLASH_ATTN_TYPE_ENABLED
-                    : m.flash_attn == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
-                                            : LLAMA_FLASH_ATTN_TYPE_AUTO;
-    return so;
 }
 
 nlohmann::json model_json(const model_shape & m, const model_info & info) {

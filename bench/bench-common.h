@@ -2,6 +2,7 @@
 // scale) and its command-line options, random prompts, and the process's memory and CPU figures.
 #pragma once
 
+#include "common/engine-flags.h"
 #include "ecokv/llama-session.h"
 
 #include <cxxopts.hpp>
@@ -27,19 +28,26 @@ __attribute__((format(printf, 1, 2))) void progress(const char * fmt, ...);
 int32_t     bounded(const cxxopts::ParseResult & args, const std::string & name, int32_t lo);
 std::string one_of(const cxxopts::ParseResult & args, const std::string & name, const std::vector<std::string> & allowed);
 
+// The engine options a bench starts from: 2 threads, logical and physical batches of 512.
+llama::session_options bench_engine_defaults();
+
 // The model and how it runs: Qwen2-VL-2B's text geometry with a reduced vocabulary by default.
+// The engine options are ecokv's (ecokv/llama-options.h: --threads, -ub, -fa, -ctk, ...), at the bench's defaults:
+// 2 threads, batches of 512; threads also fill the weights and run the ecokv core.
 struct model_shape {
-    std::string arch = "qwen2vl", wtype = "q8_0", flash_attn = "auto";
+    std::string arch = "qwen2vl", wtype = "q8_0";
     int32_t     n_layer = 28, n_embd = 1536, n_head = 12, n_head_kv = 2, n_ff = 8960, n_vocab = 32768;
-    int32_t     threads = 2, n_ubatch = 512;
     uint64_t    seed    = 1;
+    llama::session_options engine = bench_engine_defaults();
+    int32_t     threads = 2, n_ubatch = 512;  // engine's, for the reports
+    std::string flash_attn = "auto";          // engine's, as the option spells it
 
     int32_t head_dim() const { return n_embd / n_head; }
 };
 
 constexpr int32_t k_n_ctx_train = 32768;  // the model's context (Qwen2-VL-2B)
 
-// --threads --ubatch --wtype --arch --flash-attn --seed, and the group "model shape" (--layers --embd --heads
+// --wtype --arch --seed, the engine options (group "engine") and the group "model shape" (--layers --embd --heads
 // --kv-heads --ff --vocab), with model_shape's defaults.
 void        add_model_options(cxxopts::Options & spec);
 model_shape read_model_options(const cxxopts::ParseResult & args);  // checked: whole heads, an even head_dim
@@ -67,7 +75,6 @@ struct model_info {
 // The tests' random-weight builder (tiny-model.h) at bench scale: matrices in shape.wtype, no F32 copy, filled on
 // shape.threads threads, progress every 10%.
 llama::model_ptr     build_model(const model_shape & shape, model_info & info);
-llama::session_options session_options_for(const model_shape & shape);
 nlohmann::json       model_json(const model_shape & shape, const model_info & info);
 std::vector<llama_token> random_tokens(int32_t n, int32_t n_vocab, uint64_t seed);
 

@@ -50,7 +50,8 @@ struct options : model_shape, output_options {
     int32_t                  n_tokens = 8192, n_decode = 64, repeats = 5;
     std::vector<int32_t>     budgets;
     std::vector<std::string> methods;
-    std::string              head_scores;  // sparsemm's head-score file; a synthetic one when empty
+    ecokv::compression       base;  // the other compression options (the table's); head_scores: a synthetic file when
+                                    // sparsemm runs without one
     bool                     synthetic_head_scores = false;  // written by this run, removed at its end
 };
 
@@ -62,12 +63,13 @@ cxxopts::Options option_spec() {
     spec.add_options()
         ("tokens", "prompt length (random token ids)", i32("8192"), "N")
         ("n-decode", "tokens decoded per measurement", i32("64"), "N")
-        ("budgets", "comma-separated budgets (tokens kept per KV head)", cxxopts::value<std::vector<int32_t>>()->default_value("64,256"), "LIST")
-        ("methods", "comma-separated methods, e.g. snapkv+ecokv,pyramidkv+ecokv", cxxopts::value<std::vector<std::string>>()->default_value("snapkv+ecokv"), "LIST")
-        ("repeats", "decode runs per configuration (best and median)", i32("5"), "N")
-        ("head-scores", "SparseMM head-score JSON (default: seeded random scores, fine for memory and speed)",
-         cxxopts::value<std::string>(), "FILE");
+        ("budgets", "comma-separated budgets (tokens kept per KV head)", cxxopts::value<std::string>()->default_value("64,256"), "LIST")
+        ("methods", "comma-separated methods, e.g. snapkv+ecokv,pyramidkv+ecokv", cxxopts::value<std::string>()->default_value("snapkv+ecokv"), "LIST")
+        ("repeats", "decode runs per configuration (best and median)", i32("5"), "N");
     // clang-format on
+    // The other method options of the table (--seed is the bench's: weights and prompt); --head-scores defaults to
+    // seeded random scores (fine for memory and speed).
+    ecokv::tools::add_compression_options(spec, ecokv::scope_method, {}, { "method", "budget", "seed" });
     return spec;
 }
 
@@ -85,16 +87,15 @@ std::optional<options> parse_options(int argc, char ** argv) {
     o.n_tokens   = bounded(args, "tokens", 1);
     o.n_decode   = bounded(args, "n-decode", 1);
     o.repeats    = bounded(args, "repeats", 1);
-    o.budgets    = args["budgets"].as<std::vector<int32_t>>();
-    o.methods    = args["methods"].as<std::vector<std::string>>();
-    o.head_scores = args.count("head-scores") ? args["head-scores"].as<std::string>() : "";
+    for (const std::string & b : ecokv::tools::split_list(args["budgets"].as<std::string>())) {
+        ecokv::compression c;
+        ecokv::set_option(c, "budget", b);
+        o.budgets.push_back(c.params.budget);
+    }
+    o.methods    = ecokv::tools::split_list(args["methods"].as<std::string>());
+    o.base       = ecokv::tools::compression_from(args);
     if (o.budgets.empty() || o.methods.empty()) {
         throw ecokv::error("--budgets and --methods need at least one entry");
-    }
-    for (int32_t b : o.budgets) {
-        if (b < 1) {
-            throw ecokv::error("--budgets " + std::to_string(b) + ": expected integers >= 1");
-        }
     }
     if (o.n_tokens + o.n_decode > k_n_ctx_train) {
         throw ecokv::error("--tokens + --n-decode must fit the model's 32768-token context");
@@ -126,9 +127,8 @@ std::string synthetic_head_scores(const options & o) {
 
 // A method's parameters at a budget.
 ecokv::method_params params_at(const options & o, int32_t budget) {
-    ecokv::method_params p;
-    p.budget      = budget;
-    p.head_scores = o.head_scores;
+    ecokv::method_params p = o.base.params;
+    p.budget               = budget;
     return p;
 }
 
@@ -136,8 +136,8 @@ method_plan plan_methods(options & o) {
     method_plan plan;
     for (const auto & m : o.methods) {
         plan.specs.push_back(ecokv::parse_method(m));
-        if (o.head_scores.empty() && ecokv::requirements(plan.specs.back(), {}).head_scores) {
-            o.head_scores           = synthetic_head_scores(o);
+        if (o.base.params.head_scores.empty() && ecokv::requirements(plan.specs.back(), {}).head_scores) {
+            o.base.params.head_scores           = synthetic_head_scores(o);
             o.synthetic_head_scores = true;
         }
         for (int32_t b : o.budgets) {
@@ -569,7 +569,7 @@ int run(options o) {
              o.arch.c_str(), o.n_layer, o.n_embd, o.n_head, o.n_head_kv, o.n_ff, o.n_vocab, o.wtype.c_str());
     pm.begin("build model");
     model_info  mi;
-    el::session session(build_model(o, mi), session_options_for(o));
+    el::session session(build_model(o, mi), o.engine);
     const phase ph_model = pm.end();
     progress("  %.2f B parameters, %.0f MiB of weights, %.1f s, RSS %.0f MiB\n", double(mi.n_params) / 1e9,
              mib(mi.weight_bytes), ph_model.seconds, kib_to_mib(ph_model.rss_kib));
@@ -590,7 +590,7 @@ int run(options o) {
 
     write_report(make_report(o, mi, full, ip, results, pm, seconds_since(t_all)), o, pm);
     if (o.synthetic_head_scores) {
-        std::filesystem::remove(o.head_scores);
+        std::filesystem::remove(o.base.params.head_scores);
     }
     return 0;
 }

@@ -27,9 +27,15 @@ using json = nlohmann::json;
 
 struct options : model_shape, output_options {
     std::string         mode = "chunked";
-    int32_t             n_tokens = 8192, n_decode = 16, chunk = 512;
-    ecokv::method_spec  spec;
-    ecokv::method_params params;
+    int32_t             n_tokens = 8192, n_decode = 16;
+    ecokv::compression  c = defaults();  // chunk: of the chunked mode
+
+    static ecokv::compression defaults() {
+        ecokv::compression c;
+        c.params.budget = 256;
+        c.chunk         = 512;
+        return c;
+    }
 };
 
 cxxopts::Options option_spec() {
@@ -41,11 +47,11 @@ cxxopts::Options option_spec() {
     spec.add_options()
         ("mode", "full, one-shot or chunked", str("chunked"), "M")
         ("tokens", "prompt length (random token ids)", i32("8192"), "N")
-        ("chunk", "cells per chunk (chunked)", i32("512"), "N")
-        ("m,method", "compression method (one-shot, chunked)", str("snapkv+ecokv"), "M")
-        ("b,budget", "tokens kept per KV head", i32("256"), "B")
         ("n-decode", "greedy tokens decoded and timed after the prefill (and one warm-up token)", i32("16"), "N");
     // clang-format on
+    // The method of one-shot and chunked, and --chunk of chunked; --seed is the bench's (weights and prompt).
+    ecokv::tools::add_compression_options(spec, ecokv::scope_method | ecokv::scope_prefill, options::defaults(),
+                                          { "seed" });
     return spec;
 }
 
@@ -61,14 +67,14 @@ std::optional<options> parse_options(int argc, char ** argv) {
     static_cast<output_options &>(o) = read_output_options(args);
     o.mode                        = one_of(args, "mode", { "full", "one-shot", "chunked" });
     o.n_tokens                    = bounded(args, "tokens", 1);
-    o.chunk                       = bounded(args, "chunk", 1);
     o.n_decode                    = bounded(args, "n-decode", 1);
-    o.spec                        = ecokv::parse_method(args["method"].as<std::string>());
-    o.params.budget               = bounded(args, "budget", 1);
-    o.params.validate(ecokv::method_window(o.spec, o.params));
-    if (o.mode == "chunked") {
-        ecokv::check_chunk(o.spec, o.params, o.chunk);
+    o.c                           = ecokv::tools::compression_from(args, options::defaults());
+    if (o.mode != "chunked") {
+        o.c.chunk = 0;
+    } else if (o.c.chunk == 0) {
+        throw ecokv::error("--chunk 0: the chunked mode needs chunks (--mode one-shot compresses the whole prompt)");
     }
+    o.c.validate();
     if (o.n_tokens + o.n_decode + 1 > k_n_ctx_train) {
         throw ecokv::error("--tokens + --n-decode + 1 must fit the model's 32768-token context");
     }
@@ -84,15 +90,15 @@ el::sequence prefill(const el::session & s, const options & o, phase_meter & pm,
     pm.begin(o.mode == "chunked" ? "chunked prefill (decode + compress per chunk)" : "prefill");
     std::optional<el::sequence> seq;
     if (o.mode == "chunked") {
-        seq.emplace(s.prefill_chunked(p, o.chunk, o.spec, o.params, o.n_decode + 1));
+        seq.emplace(s.prefill_chunked(p, o.c.chunk, o.c.spec, o.c.params, o.n_decode + 1));
     } else {
         seq.emplace(s.prefill(p, o.n_decode + 1, o.mode == "full" ? ecokv::method_requirements{}
-                                                              : ecokv::requirements(o.spec, o.params)));
+                                                              : ecokv::requirements(o.c.spec, o.c.params)));
     }
     phase ph = pm.end();
     if (o.mode == "one-shot") {
         pm.begin("compress in place");
-        seq->compress_in_place(o.spec, o.params);
+        seq->compress_in_place(o.c.spec, o.c.params);
         ph = pm.end();
     }
     cpu_share = (cpu_seconds() - cpu0) / (seconds_since(w0) * o.threads);
@@ -108,9 +114,9 @@ json make_report(const options & o, const model_info & mi, const el::sequence & 
     json                            out        = {
         { "mode", o.mode },
         { "tokens", o.n_tokens },
-        { "chunk", o.mode == "chunked" ? o.chunk : 0 },
-        { "method", o.mode == "full" ? "full" : o.spec.name() },
-        { "budget", o.mode == "full" ? 0 : o.params.budget },
+        { "chunk", o.mode == "chunked" ? o.c.chunk : 0 },
+        { "method", o.mode == "full" ? std::string(ecokv::k_full_cache) : o.c.spec.name() },
+        { "budget", o.mode == "full" ? 0 : o.c.params.budget },
         { "model", model_json(o, mi) },
         { "threads", o.threads },
         { "ubatch", o.n_ubatch },
@@ -161,7 +167,7 @@ int run(const options & o) {
              o.arch.c_str(), o.n_layer, o.n_embd, o.n_head, o.n_head_kv, o.n_ff, o.n_vocab, o.wtype.c_str());
     pm.begin("build model");
     model_info  mi;
-    el::session session(build_model(o, mi), session_options_for(o));
+    el::session session(build_model(o, mi), o.engine);
     pm.end();
 
     double       cpu_share = 0;

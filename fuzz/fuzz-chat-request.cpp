@@ -13,7 +13,7 @@ int ecokv::fuzz::chat_request(const uint8_t * data, size_t size) {
         return 0;
     }
     try {
-        static const ecokv::serve::compression_defaults server = { { "--method", "snapkv+ecokv", "--budget", "64" } };
+        static const ecokv::serve::compression_defaults server = { ecokv::compression_named("snapkv+ecokv") };
         const auto request = ecokv::serve::parse_chat_request(body, ecokv::serve::request_limits{});
         ecokv::serve::resolve_compression(request, server);
     } catch (const ecokv::serve::request_error & e) {

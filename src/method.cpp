@@ -1,5 +1,7 @@
-// The ALLOCATOR+SCORER grammar (SPEC §6), parameter validation and the method list.
+// The ALLOCATOR+SCORER grammar (SPEC §6), what a method requires, and the method list (ranges: options.cpp).
 #include "ecokv/method.h"
+
+#include "ecokv/options.h"
 
 #include "impl.h"
 #include "method-impl.h"
@@ -67,44 +69,12 @@ method_requirements requirements(const method_spec & spec, const method_params &
 void check_chunk(const method_spec & spec, const method_params & params, int32_t n_chunk) {
     const method_requirements needs = requirements(spec, params);
     if (needs.full_queries) {
-        ECOKV_THROW("%s needs the queries of every prompt token, which a chunked prefill does not keep",
-                    spec.name().c_str());
+        throw option_error("chunk", spec.name() + " needs the queries of every prompt token, which a chunked "
+                                                  "prefill does not keep");
     }
     if (n_chunk <= needs.n_window_queries) {
-        ECOKV_THROW("--chunk %d must be larger than the window of %d", n_chunk, needs.n_window_queries);
-    }
-}
-
-void method_params::validate(int32_t n_window) const {
-    if (n_window < 1) {
-        ECOKV_THROW("--window %d must be at least 1", n_window);
-    }
-    if (budget <= n_window) {
-        ECOKV_THROW("--budget %d must be larger than --window %d (the budget includes the window)", budget,
-                    n_window);
-    }
-    if (kernel < 1 || kernel % 2 == 0) {
-        ECOKV_THROW("--kernel %d must be a positive odd number", kernel);
-    }
-    auto in_unit = [](const char * name, double v, bool open_low) {
-        if (!std::isfinite(v) || v > 1.0 || v < 0.0 || (open_low && v == 0.0)) {
-            ECOKV_THROW("%s %g must lie in %s0, 1]", name, v, open_low ? "(" : "[");
-        }
-    };
-    in_unit("--alpha", alpha, false);
-    in_unit("--beta", beta, false);
-    in_unit("--theta", theta, true);
-    if (floor_ratio >= 0) {
-        in_unit("--floor-ratio", floor_ratio, false);
-    }
-    if (!std::isfinite(tau) || tau < 0) {
-        ECOKV_THROW("--tau %g must be positive (0 means sqrt(head_dim))", tau);
-    }
-    if (pyramid_beta < 1) {
-        ECOKV_THROW("--pyramid-beta %d must be at least 1", pyramid_beta);
-    }
-    if (n_sink < 0) {
-        ECOKV_THROW("--sinks %d must not be negative", n_sink);
+        throw option_error("chunk", detail::format("--chunk %d must be larger than the window of %d", n_chunk,
+                                                   needs.n_window_queries));
     }
 }
 

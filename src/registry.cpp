@@ -77,6 +77,11 @@ template <typename Entry> std::string names(std::span<const Entry> entries) {
 
 }  // namespace
 
+// The method front ends use when none is given: the ECOKV paper's "SnapKV + ECOKV".
+constexpr std::string_view k_default_method = "snapkv+ecokv";
+
+method_spec default_method() { return parse_method(k_default_method); }
+
 std::span<const scorer_entry> scorer_registry() { return k_scorers; }
 std::span<const allocator_entry> allocator_registry() { return k_allocators; }
 

@@ -32,8 +32,8 @@ class scripted_engine : public ecokv::eval_engine {
         return { 10, 0, 1000, 0.5 };
     }
     ecokv::eval_answer answer_full() override { return { answer_, 0.1, 0, 1000, {}, {}, {} }; }
-    ecokv::eval_answer answer_compressed(const ecokv::method_spec &, const ecokv::method_params & p) override {
-        return { compressed_output + "\nsecond line", 0.1, 0.01, uint64_t(p.budget), 0.5, 0.25, { 0.1, 0.2 } };
+    ecokv::eval_answer answer_compressed(const ecokv::compression & c) override {
+        return { compressed_output + "\nsecond line", 0.1, 0.01, uint64_t(c.params.budget), 0.5, 0.25, { 0.1, 0.2 } };
     }
     ecokv::method_requirements needs_;
 
@@ -51,7 +51,7 @@ struct runner_fixture {
         o.limit   = 3;
         o.methods = { "full", "mixkv" };
         o.budgets = { 64, 40 };
-        o.params.window = 36;
+        o.settings.params.window = 36;
         o.out_dir = dir / "out";
         o.model   = dir / "model.gguf";
     }
@@ -105,11 +105,11 @@ TEST(eval_runner, a_method_or_budget_named_twice_runs_once) {
 
 TEST(eval_runner, a_failed_answer_fails_only_itself) {
     struct picky_engine : scripted_engine {
-        ecokv::eval_answer answer_compressed(const ecokv::method_spec & spec, const ecokv::method_params & p) override {
-            if (p.budget == 40) {
+        ecokv::eval_answer answer_compressed(const ecokv::compression & c) override {
+            if (c.params.budget == 40) {
                 throw ecokv::error("budget 40 is not supported here");
             }
-            return scripted_engine::answer_compressed(spec, p);
+            return scripted_engine::answer_compressed(c);
         }
     };
     runner_fixture f;

@@ -11,6 +11,7 @@ namespace {
 
 using namespace ecokv::serve;
 using json = nlohmann::json;
+using ecokv::compression;
 
 std::string param_of(const std::function<void()> & f) {
     try {
@@ -37,23 +38,24 @@ TEST(serve, data_urls_decode_base64) {
     }
 }
 
-// kv_compression over the server's flags: the request's fields win, bad ones are a 400 naming kv_compression (a
-// 20 KiB option name used to overflow the stack in cxxopts' std::regex, found by fuzz-chat-request).
+// kv_compression over the server's flags: the request's fields win, bad ones are a 400 naming the field
+// (kv_compression.budget), an unknown one kv_compression (a 20 KiB option name once overflowed the stack in
+// cxxopts' std::regex, found by fuzz-chat-request).
 TEST(serve, kv_compression_is_resolved_over_the_server_flags) {
-    const compression_defaults server = { { "--method", "snapkv+ecokv", "--budget", "64" } };
+    const compression_defaults server = { ecokv::compression_named("snapkv+ecokv") };
     auto request = [](json kv) {
         return parse_chat_request({ { "messages", { { { "role", "user" }, { "content", "x" } } } }, { "kv_compression", kv } },
                                   request_limits{});
     };
     const compression c = resolve_compression(request({ { "budget", 40 }, { "method", "pyramidkv" } }), server);
-    EXPECT_TRUE(c.on);
+    EXPECT_TRUE(c.enabled);
     EXPECT_EQ(c.spec.name(), "pyramidkv+snapkv");
     EXPECT_EQ(c.params.budget, 40);
-    EXPECT_FALSE(resolve_compression(request(false), server).on);
+    EXPECT_FALSE(resolve_compression(request(false), server).enabled);
     EXPECT_EQ(param_of([&] { resolve_compression(request({ { std::string(20000, 'f'), 1 } }), server); }), "kv_compression");
     EXPECT_EQ(param_of([&] { resolve_compression(request({ { "method", std::string(300, 'a') } }), server); }),
-              "kv_compression");
-    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "budget", 2 } }), server); }), "kv_compression");
+              "kv_compression.method");
+    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "budget", 2 } }), server); }), "kv_compression.budget");
     EXPECT_EQ(param_of([&] { resolve_compression(request({ { "head_scores", "x.json" } }), server); }),
               "kv_compression.head_scores");
 }
@@ -61,8 +63,8 @@ TEST(serve, kv_compression_is_resolved_over_the_server_flags) {
 // The chunk of a chunked prefill: the server's --chunk, a request's kv_compression.chunk over it, part of the
 // conversation's identity; a chunk not larger than the window (SnapKV's 32), or h2o chunked, is a 400.
 TEST(serve, kv_compression_chunk_is_resolved_over_the_server_flag) {
-    compression_defaults server = { { "--method", "snapkv", "--budget", "64" } };
-    server.chunk                = 128;
+    compression_defaults server = { ecokv::compression_named("snapkv") };
+    server.server.chunk         = 128;
     auto request = [](json kv) {
         return parse_chat_request({ { "messages", { { { "role", "user" }, { "content", "x" } } } }, { "kv_compression", kv } },
                                   request_limits{});
@@ -72,11 +74,11 @@ TEST(serve, kv_compression_chunk_is_resolved_over_the_server_flag) {
     const compression chunked  = resolve_compression(request({ { "chunk", 96 } }), server);
     EXPECT_EQ(one_shot.chunk, 0);
     EXPECT_EQ(chunked.chunk, 96);
-    EXPECT_NE(one_shot.key, chunked.key);
-    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", 32 } }), server); }), "kv_compression");
-    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", -1 } }), server); }), "kv_compression");
+    EXPECT_NE(one_shot.key(), chunked.key());
+    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", 32 } }), server); }), "kv_compression.chunk");
+    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", -1 } }), server); }), "kv_compression.chunk");
     EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", 96 }, { "method", "h2o" } }), server); }),
-              "kv_compression");
+              "kv_compression.chunk");
     // Inherited from the server, the refusal says where the chunk came from and how to do without it.
     try {
         resolve_compression(request({ { "method", "h2o" } }), server);
@@ -85,6 +87,36 @@ TEST(serve, kv_compression_chunk_is_resolved_over_the_server_flag) {
         EXPECT_NE(std::string(e.what()).find("the server's --chunk; send \"chunk\": 0"), std::string::npos) << e.what();
     }
     EXPECT_EQ(resolve_compression(request({ { "method", "h2o" }, { "chunk", 0 } }), server).chunk, 0);
+}
+
+// Every option of the table a client may set is taken from kv_compression (as a JSON number or string, as it is
+// written in the row's kind); server-side ones (files) are refused naming the field.
+TEST(serve, every_client_option_is_accepted) {
+    const compression_defaults server = { ecokv::compression_named("snapkv+ecokv") };
+    for (const ecokv::option_info & o : ecokv::compression_options()) {
+        // A value other than the default and valid beside the others: window 8 < budget 64 < chunk 96, odd kernels.
+        const json value = o.kind == ecokv::option_kind::choice   ? json(std::string(o.choices.back()))
+                           : o.kind == ecokv::option_kind::method ? json("pyramidkv+mixkv")
+                           : o.kind == ecokv::option_kind::path   ? json("scores.json")
+                           : o.key == "window"                    ? json(8)
+                           : o.key == "chunk"                     ? json(96)
+                           : o.kind == ecokv::option_kind::number ? json(o.lo_open ? o.hi : (o.lo + std::min(o.hi, 1.0)) / 2)
+                                                                  : json(int64_t(o.lo) + 66);
+        const chat_request r = parse_chat_request(
+            { { "messages", { { { "role", "user" }, { "content", "x" } } } }, { "kv_compression", { { o.key, value } } } },
+            request_limits{});
+        if (!o.client) {
+            EXPECT_EQ(param_of([&] { resolve_compression(r, server); }), "kv_compression." + std::string(o.key));
+            continue;
+        }
+        const compression c = resolve_compression(r, server);
+        EXPECT_EQ(ecokv::option_text(ecokv::get_option(c, o.key)),
+                  value.is_string() ? value.get<std::string>() : ecokv::option_text(value.is_number_integer()
+                                                                                        ? ecokv::option_value(value.get<int64_t>())
+                                                                                        : ecokv::option_value(value.get<double>())))
+            << o.key;
+        EXPECT_NE(c.key(), server.server.key()) << o.key;
+    }
 }
 
 TEST(serve, requests_are_read_with_images_first) {

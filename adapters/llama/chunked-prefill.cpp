@@ -88,11 +88,7 @@ sequence session::prefill_chunked(const prompt & p, int32_t n_chunk, const metho
     if (n_units == 0) {
         throw error("the prompt is empty");
     }
-    if (int64_t(p.cells_before(n_units)) + n_extra > n_ctx_train()) {
-        throw error("prompt of " + std::to_string(p.cells_before(n_units)) + " tokens plus " +
-                    std::to_string(n_extra) + " new ones exceeds the model's context of " +
-                    std::to_string(n_ctx_train()));
-    }
+    check_fits(*this, p.cells_before(n_units), n_extra);
     const std::vector<size_t> b = chunk_bounds(p, n_units, n_chunk, n_window);
     int32_t                   room = 0;  // the largest chunk after the first
     for (size_t k = 1; k + 1 < b.size(); ++k) {

@@ -11,7 +11,7 @@ namespace {
 
 class llama_engine final : public eval_engine {
   public:
-    llama_engine(const session & s, int32_t n_chunk) : s_(s), n_chunk_(n_chunk) {}
+    explicit llama_engine(const session & s) : s_(s) {}
 
     eval_prefill prefill(const eval_item & item, eval_mode mode, int32_t n_predict,
                          const method_requirements & needs) override {
@@ -44,9 +44,9 @@ class llama_engine final : public eval_engine {
         return a;
     }
 
-    eval_answer answer_compressed(const method_spec & spec, const method_params & params) override {
-        sequence         c = n_chunk_ > 0 ? s_.prefill_chunked(*prompt_, n_chunk_, spec, params, n_extra_)
-                                           : full_->compress(spec, params, n_extra_, true);
+    eval_answer answer_compressed(const compression & how) override {
+        sequence         c = how.chunk > 0 ? s_.prefill_chunked(*prompt_, how.chunk, how.spec, how.params, n_extra_)
+                                            : full_->compress(how.spec, how.params, n_extra_, true);
         const generation g = c.answer(question_, n_predict_);
         c.rewind();
         const fidelity_report f = c.fidelity(question_, reference_);
@@ -63,7 +63,6 @@ class llama_engine final : public eval_engine {
 
   private:
     const session &          s_;
-    const int32_t            n_chunk_;
     std::optional<prompt>    prompt_;
     std::optional<sequence>  full_;
     std::vector<llama_token> question_;
@@ -73,8 +72,8 @@ class llama_engine final : public eval_engine {
 
 }  // namespace
 
-std::unique_ptr<eval_engine> make_eval_engine(const session & s, int32_t n_chunk) {
-    return std::make_unique<llama_engine>(s, n_chunk);
+std::unique_ptr<eval_engine> make_eval_engine(const session & s) {
+    return std::make_unique<llama_engine>(s);
 }
 
 }  // namespace ecokv::llama

@@ -174,10 +174,7 @@ sequence session::prefill_units(const prompt & p, size_t n_units, int32_t n_extr
     if (n_cells == 0) {
         throw error("the prompt is empty");
     }
-    if (int64_t(n_cells) + n_extra > n_ctx_train()) {
-        throw error("prompt of " + std::to_string(n_cells) + " tokens plus " + std::to_string(n_extra) +
-                    " new ones exceeds the model's context of " + std::to_string(n_ctx_train()));
-    }
+    check_fits(*this, n_cells, n_extra);
     auto q     = std::make_unique<sequence::impl>();
     q->s       = impl_.get();
     q->cparams = context_params(impl_->opts, n_cells + n_extra);

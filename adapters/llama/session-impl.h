@@ -31,6 +31,9 @@ llama_context_params context_params(const session_options & o, int32_t n_cells);
 
 context_ptr new_context(const llama_model * model, const llama_context_params & p);
 
+// Throws ecokv::error when a prompt of n_cells and n_extra new tokens exceeds the session's context (session::n_ctx).
+void check_fits(const session & s, int64_t n_cells, int32_t n_extra);
+
 struct prompt::impl {
     std::vector<llama_token>                         tokens;
     std::unique_ptr<mtmd_input_chunks, mtmd_deleter> chunks;

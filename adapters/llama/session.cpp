@@ -39,6 +39,8 @@ llama_context_params context_params(const session_options & o, int32_t n_cells) 
     }
     p.n_seq_max       = 1;
     p.flash_attn_type = o.flash_attn;
+    p.type_k          = o.type_k;
+    p.type_v          = o.type_v;
     if (o.n_threads > 0) {
         p.n_threads = p.n_threads_batch = o.n_threads;
     }
@@ -126,6 +128,15 @@ session::~session() = default;
 const llama_model *     session::model() const { return impl_->model; }
 bool                    session::has_projector() const { return impl_->projector != nullptr; }
 int32_t                 session::n_ctx_train() const { return llama_model_n_ctx_train(impl_->model); }
+int32_t                 session::n_ctx() const { return impl_->opts.n_ctx > 0 ? impl_->opts.n_ctx : n_ctx_train(); }
+
+void check_fits(const session & s, int64_t n_cells, int32_t n_extra) {
+    if (n_cells + n_extra > s.n_ctx()) {
+        throw error("prompt of " + std::to_string(n_cells) + " tokens plus " + std::to_string(n_extra) +
+                    " new ones exceeds " + (s.options().n_ctx > 0 ? "--ctx-size " : "the model's context of ") +
+                    std::to_string(s.n_ctx()));
+    }
+}
 const session_options & session::options() const { return impl_->opts; }
 
 std::string session::description() const {

@@ -85,10 +85,22 @@ std::shared_ptr<void> lock_dir(const std::string & dir) {
     return std::shared_ptr<void>(nullptr, [fd](void *) { ::close(fd); });
 }
 
-// Every option that changes results. Method options are recorded even when no method reads them: a run's config is
-// then a plain function of its options.
+json value_json(const option_value & v) {
+    if (const int64_t * i = std::get_if<int64_t>(&v)) {
+        return *i;
+    }
+    if (const double * d = std::get_if<double>(&v)) {
+        return *d;
+    }
+    if (const std::string * t = std::get_if<std::string>(&v)) {
+        return *t;
+    }
+    return nullptr;
+}
+
+// Every option that changes results, from the option tables. Method options are recorded even when no method reads
+// them: a run's config is then a plain function of its options. Files are recorded by content hash.
 json config_of(const eval_options & o, const metric_info & metric) {
-    const method_params & p = o.params;
     json config = {
         { "dataset", o.dataset },
         { "metric", metric.name },
@@ -98,32 +110,19 @@ json config_of(const eval_options & o, const metric_info & metric) {
         { "mmproj", o.projector.empty() ? json(nullptr) : json(fs::path(o.projector).filename().string()) },
         { "mmproj_hash", o.projector.empty() ? json(nullptr) : json(content_hash(o.projector)) },
         { "n_predict", o.n_predict },
-        { "window", p.window >= 0 ? json(p.window) : json(nullptr) },
-        { "kernel", p.kernel },
-        { "pool", p.pool == pool_kind::avg ? "avg" : "max" },
-        { "alpha", p.alpha },
-        { "beta", p.beta },
-        { "tau", p.tau },
-        { "centroid", p.centroid == centroid_kind::all ? "all" : "prefix" },
-        { "floor_ratio", p.floor_ratio >= 0 ? json(p.floor_ratio) : json(nullptr) },
-        { "pyramid_beta", p.pyramid_beta },
-        { "theta", p.theta },
-        { "sinks", p.n_sink },
-        { "seed", p.seed },
-        { "merge", p.merge == merge_kind::pivot ? "pivot" : "none" },
-        { "head_scores", p.head_scores.empty() ? json(nullptr) : json(content_hash(p.head_scores)) },
     };
-    if (o.image_max_tokens > 0) {  // absent unless set, as chunk: older directories resume as they were
-        config["image_max_tokens"] = o.image_max_tokens;
+    static const compression defaults;
+    for (const option_info & row : compression_options()) {
+        const option_value v = row.get(row, o.settings);
+        if (row.record == option_record::never ||
+            (row.record == option_record::unless_default && v == row.get(row, defaults))) {
+            continue;
+        }
+        const bool file   = row.kind == option_kind::path && std::holds_alternative<std::string>(v);
+        config[row.key] = file ? json(content_hash(std::get<std::string>(v))) : value_json(v);
     }
-    if (o.chunk > 0) {  // absent for one-shot runs: directories written before chunking existed resume as they were
-        config["chunk"] = o.chunk;
-    }
-    if (p.mixkv_scale != mixkv_scale_kind::attention) {  // the other readings of SPEC §5.2, likewise only when chosen
-        config["mixkv_scale"] = "importance";
-    }
-    if (p.ecokv_weights != ecokv_weights_kind::equations) {
-        config["ecokv_weights"] = "figure3";
+    for (const auto & [k, v] : o.engine) {
+        config[k] = value_json(v);
     }
     return config;
 }
@@ -199,21 +198,13 @@ std::set<std::string> load_done(const std::string & path) {
 std::vector<std::string> canonical_methods(const eval_options & o, method_requirements & needs) {
     std::vector<std::string> out;
     for (const std::string & m : o.methods) {
-        if (m == "full") {
-            out.push_back(m);
-            continue;
+        compression c = compression_named(m, o.settings);
+        for (int32_t b : c.enabled ? o.budgets : std::vector<int32_t>{}) {
+            set_option(c, "budget", int64_t(b));
+            c.validate();
+            needs |= requirements(c.spec, c.params);
         }
-        const method_spec spec = parse_method(m);
-        for (int32_t b : o.budgets) {
-            method_params p = o.params;
-            p.budget        = b;
-            p.validate(method_window(spec, p));
-            if (o.chunk > 0) {
-                check_chunk(spec, p, o.chunk);
-            }
-            needs |= requirements(spec, p);
-        }
-        out.push_back(spec.name());
+        out.push_back(c.name());
     }
     // "mixkv,snapkv+mixkv" names one method: run it once.
     std::vector<std::string> unique;
@@ -258,7 +249,7 @@ json record(const eval_item & item, const std::string & method, int32_t budget, 
                  { "prefill_s", pf.prefill_s },       { "kv_bytes_compressed", a.kv_bytes },
                  { "compress_s", a.compress_s },      { "decode_s", a.decode_s },
                  { "prediction", answer_text(a.output, metric.whole_output) } };
-    if (method != "full") {
+    if (!is_full_cache(method)) {
         rec["agreement"]      = a.agreement ? json(*a.agreement) : json(nullptr);
         rec["mean_kl"]        = a.mean_kl ? json(*a.mean_kl) : json(nullptr);
         rec["attn_rel_error"] = a.attn_rel_error.empty() ? json(nullptr) : json(a.attn_rel_error);
@@ -345,7 +336,7 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
         const eval_item &                            item = plan.items[k];
         std::vector<std::pair<std::string, int32_t>> todo;
         for (const std::string & m : o.methods) {
-            for (int32_t b : m == "full" ? std::vector<int32_t>{ 0 } : o.budgets) {
+            for (int32_t b : is_full_cache(m) ? std::vector<int32_t>{ 0 } : o.budgets) {
                 if (!plan.done.count(key(item.id, m, b))) {
                     todo.emplace_back(m, b);
                 }
@@ -371,12 +362,11 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
             continue;
         }
         for (const auto & [method, budget] : todo) {
-            method_params p = o.params;
-            p.budget        = budget;
+            compression c = compression_named(method, o.settings);
+            c.params.budget = budget;
             json rec;
             try {
-                const eval_answer a = method == "full" ? engine.answer_full()
-                                                       : engine.answer_compressed(parse_method(method), p);
+                const eval_answer a = c.enabled ? engine.answer_compressed(c) : engine.answer_full();
                 rec = record(item, method, budget, pf, a, *plan.metric);
             } catch (const error & e) {
                 fail(method, budget, e);

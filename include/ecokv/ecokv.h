@@ -6,6 +6,7 @@
 #include "ecokv/compress.h"
 #include "ecokv/error.h"
 #include "ecokv/method.h"
+#include "ecokv/options.h"
 #include "ecokv/safetensors.h"
 #include "ecokv/synth.h"
 #include "ecokv/tensor.h"

@@ -52,6 +52,10 @@ struct method_spec {
 // "snapkv+SCORER" (= uniform+SCORER). Throws ecokv::error listing the known names on an unknown one.
 method_spec parse_method(std::string_view text);
 
+// The registry's default method (ECOKV scores on SnapKV's uniform budget): what `ecokv run`, analyze and serve use
+// without --method.
+method_spec default_method();
+
 // The observation window a method uses: params.window when set, otherwise the scorer's default.
 int32_t method_window(const method_spec & spec, const method_params & params);
 

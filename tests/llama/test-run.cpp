@@ -3,6 +3,9 @@
 // answers several questions from one compressed cache, and bad input gives a clear error and exit 1.
 #include "test-util.h"
 
+#include "ecokv/llama-options.h"
+#include "ecokv/options.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -152,3 +155,45 @@ TEST(run, bad_input_gives_a_clear_error) {
 }
 
 }  // namespace
+
+// Every row of the option tables is a flag of every command it applies to (eval takes method and budget as the
+// lists --methods and --budgets), and the help shows it.
+TEST(run, every_option_row_is_a_flag) {
+    temp_dir dir;
+    const std::map<std::string, unsigned> commands = {
+        { "run", ecokv::scope_method | ecokv::scope_prefill },  { "serve", ecokv::scope_method | ecokv::scope_prefill },
+        { "eval", ecokv::scope_method | ecokv::scope_prefill }, { "analyze", ecokv::scope_method },
+        { "compress", ecokv::scope_method } };
+    for (const auto & [command, scopes] : commands) {
+        const run_result r = run_cli(dir.path().string(), { command, "--help" });
+        ASSERT_EQ(r.code, 0) << describe(r);
+        for (const ecokv::option_info & o : ecokv::compression_options()) {
+            const bool        listed = command == "eval" && (o.key == "method" || o.key == "budget");
+            const std::string flag   = "--" + o.flag() + (listed ? "s" : "");
+            EXPECT_EQ(contains(r.out, flag + " "), (o.scope & scopes) != 0) << command << " " << flag;
+        }
+        for (const ecokv::llama::engine_option & o : ecokv::llama::engine_options()) {
+            if (command == "compress" && o.key == "threads") {
+                continue;  // compress has threads of its own: the core's, no engine
+            }
+            EXPECT_EQ(contains(r.out, "--" + o.flag() + " "), command != "compress") << command << " " << o.flag();
+        }
+    }
+}
+
+// Engine options reach llama.cpp: an F32 cache takes twice the F16 bytes (K and V), -c bounds the context, and
+// llama.cpp's multi-letter spellings are taken.
+TEST(run, engine_options_reach_the_context) {
+    temp_dir   dir;
+    const json f16 = run_json(dir, { "-f", k_prompt, "-m", "snapkv", "-b", "64", "-n", "4" });
+    const json f32 = run_json(dir, { "-f", k_prompt, "-m", "snapkv", "-b", "64", "-n", "4", "-ctk", "f32", "-ctv", "f32",
+                                     "-ub", "64", "-fa", "off" });
+    ASSERT_TRUE(f16.contains("kv_bytes_kept") && f32.contains("kv_bytes_kept"));
+    EXPECT_EQ(f32["kv_bytes_kept"].get<uint64_t>(), 2 * f16["kv_bytes_kept"].get<uint64_t>());
+    EXPECT_EQ(f32["kv_bytes_compressed"].get<uint64_t>(), 2 * f16["kv_bytes_compressed"].get<uint64_t>());
+    const run_result small = run_cli(dir.path().string(), { "run", "--model", k_model, "-f", k_prompt, "-c", "100" });
+    EXPECT_EQ(small.code, 1) << describe(small);
+    EXPECT_TRUE(contains(small.err, "new ones exceeds --ctx-size 100")) << describe(small);
+    const run_result bad = run_cli(dir.path().string(), { "run", "--model", k_model, "-f", k_prompt, "-ctk", "q9" });
+    EXPECT_TRUE(contains(bad.err, "--cache-type-k must be f16 or f32, not 'q9'")) << describe(bad);
+}

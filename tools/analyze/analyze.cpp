@@ -5,6 +5,10 @@
 // maps over each image). Writes DIR/analysis.json, prints a per-layer table, and draws DIR/*.png with
 // scripts/plot-analysis.py when python3 has matplotlib.
 #include "common/args.h"
+#ifdef ECOKV_HAVE_LLAMA
+#include "common/engine-flags.h"
+#include "ecokv/llama-options.h"
+#endif
 #include "common/bundled.h"
 #include "ecokv/analysis.h"
 #include "ecokv/capture.h"
@@ -162,22 +166,30 @@ int ecokv_analyze(int argc, char ** argv) {
         ecokv::tools::add_prompt_options(
             options, "question-agnostic mode: analyse the prompt compressed before any question is seen (the "
                      "questions are not answered; repeatable)");
+        const ecokv::tools::flag_aliases aliases = ecokv::tools::engine_aliases();
 #else
         options.add_options()("t,threads", "threads (0: all cores)", cxxopts::value<int32_t>()->default_value("0"));
+        const ecokv::tools::flag_aliases aliases;
 #endif
-        const auto parsed = ecokv::tools::parse_with_method_options(options, argc, argv, "snapkv+ecokv");
+        ecokv::tools::add_compression_options(options, ecokv::scope_method);
+        const auto parsed = ecokv::tools::parse_options(options, argc, argv, aliases);
         if (!parsed) {
             return 0;
         }
         const cxxopts::ParseResult & args = *parsed;
         ecokv::tools::require(args, { "out" });
-        const ecokv::method_spec   spec   = ecokv::parse_method(args["method"].as<std::string>());
-        const ecokv::method_params params = ecokv::tools::method_params_from(args);
-        params.validate(ecokv::method_window(spec, params));
+        const ecokv::compression   c      = ecokv::tools::compression_from(args);
+        c.validate();
+        const ecokv::method_spec &   spec   = c.spec;
+        const ecokv::method_params & params = c.params;
         ecokv::analysis_options o;
         o.n_bins        = ecokv::tools::int_in_range(args, "bins", 1, 1000);
         o.max_pair_keys = ecokv::tools::int_in_range(args, "max-pair-keys", 2, 16384);  // n^2 / 2 dot products per head
+#ifdef ECOKV_HAVE_LLAMA
+        o.n_threads     = ecokv::tools::engine_options_from(args).n_threads;
+#else
         o.n_threads     = ecokv::tools::threads_from(args);
+#endif
         const std::filesystem::path dir = args["out"].as<std::string>();
 
         const auto analyse = [&](const ecokv::capture_view & view, const json & source) {
@@ -196,7 +208,13 @@ int ecokv_analyze(int argc, char ** argv) {
         };
         if (args.count("input")) {
 #ifdef ECOKV_HAVE_LLAMA
-            for (const char * o : { "model", "mmproj", "image", "prompt", "file", "question", "image-max-tokens" }) {
+            std::vector<std::string> model_flags = { "model", "mmproj", "image", "prompt", "file", "question" };
+            for (const ecokv::llama::engine_option & e : ecokv::llama::engine_options()) {
+                if (e.short_name != 't') {  // threads also serve the analysis of a capture
+                    model_flags.push_back(e.flag());
+                }
+            }
+            for (const std::string & o : model_flags) {
                 if (args.count(o)) {
                     throw ecokv::error(std::string("--input analyses a capture file; --") + o +
                                        " belongs to a model run: give one or the other");

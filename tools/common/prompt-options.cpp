@@ -1,6 +1,6 @@
 #include "common/prompt-options.h"
 
-#include "common/args.h"
+#include "common/engine-flags.h"
 #include "common/bundled.h"
 #include "ecokv/error.h"
 
@@ -35,14 +35,12 @@ void add_prompt_options(cxxopts::Options & options, const std::string & question
         ("mmproj", "multimodal projector GGUF (libmtmd)", cxxopts::value<std::string>())
         ("image", "image file for the prompt (repeatable; placed where the prompt has <__media__>, else first)",
             cxxopts::value<std::vector<std::string>>())
-        ("image-max-tokens", "resize each image to at most N tokens (dynamic-resolution projectors such as Qwen2-VL; "
-            "llama.cpp's --image-max-tokens)", cxxopts::value<int32_t>())
         ("p,prompt", "prompt text (the context in question mode; may be left out with --image)", cxxopts::value<std::string>())
         ("f,file", "read the prompt from a file", cxxopts::value<std::string>())
         ("question", question_help, cxxopts::value<std::vector<std::string>>())
-        ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
         ("verbose", "show llama.cpp's log");
     // clang-format on
+    add_engine_options(options);
 }
 
 prompt_options prompt_options_from(const cxxopts::ParseResult & args) {
@@ -66,6 +64,7 @@ prompt_options prompt_options_from(const cxxopts::ParseResult & args) {
     }
     llama::set_verbose(args.count("verbose") > 0);
 
+    o.session            = engine_options_from(args);
     o.session.model_path = bundled ? bundled_file("tiny-vlm.gguf") : args["model"].as<std::string>();
     const std::string mmproj = args.count("mmproj") ? args["mmproj"].as<std::string>()
                                : bundled            ? models + "/tiny-vlm-mmproj.gguf"
@@ -74,12 +73,8 @@ prompt_options prompt_options_from(const cxxopts::ParseResult & args) {
         throw error("--image needs --mmproj and --mmproj needs at least one --image");
     }
     o.session.mmproj_path = o.images.empty() ? "" : mmproj;
-    o.session.n_threads   = threads_from(args);
-    if (args.count("image-max-tokens")) {
-        if (o.images.empty()) {
-            throw error("--image-max-tokens needs at least one --image");
-        }
-        o.session.image_max_tokens = int_in_range(args, "image-max-tokens", 1, 1 << 20);
+    if (o.session.image_max_tokens > 0 && o.images.empty()) {
+        throw error("--image-max-tokens needs at least one --image");
     }
     o.text = llama::with_media_markers(args.count("prompt") ? args["prompt"].as<std::string>()
                                        : args.count("file") ? read_text(args["file"].as<std::string>())

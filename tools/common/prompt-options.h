@@ -1,7 +1,7 @@
 // The model and prompt options of the commands that prefill one prompt in llama.cpp (ecokv run, ecokv analyze),
-// declared once: --model, --mmproj, --image, -p/--prompt, -f/--file, --question, --image-max-tokens, -t/--threads,
-// --verbose. Without --model and without any prompt, the bundled tiny VLM reads its sample receipt (the README's main
-// job).
+// declared once: --model, --mmproj, --image, -p/--prompt, -f/--file, --question, --verbose and the engine options
+// (ecokv/llama-options.h: -c, -t, --batch-size, -ub, -fa, -ctk, -ctv, --image-max-tokens). Without --model and
+// without any prompt, the bundled tiny VLM reads its sample receipt (the README's main job).
 #pragma once
 
 #include "ecokv/llama-session.h"

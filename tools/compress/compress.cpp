@@ -34,22 +34,21 @@ int ecokv_compress(int argc, char ** argv) {
             ("q,quiet", "print nothing on success")
             ("h,help", "show this help");
         // clang-format on
-        ecokv::tools::add_method_options(options);
-        const auto args = options.parse(argc, argv);
-        ecokv::tools::reject_positional(args);
-        if (args.count("help")) {
-            std::printf("%s\n", options.help({ "", "method" }).c_str());
+        ecokv::tools::add_compression_options(options, ecokv::scope_method, {}, {}, false);
+        const auto parsed = ecokv::tools::parse_options(options, argc, argv);
+        if (!parsed) {
             return 0;
         }
+        const cxxopts::ParseResult & args = *parsed;
         if (args.count("list-methods")) {
             print_methods();
             return 0;
         }
         ecokv::tools::require(args, { "input", "method", "output" });
-        const ecokv::method_spec   spec   = ecokv::parse_method(args["method"].as<std::string>());
-        const ecokv::method_params params = ecokv::tools::method_params_from(args);
-        ecokv::method_params       checked = params;  // fail on bad options before reading a large capture
-        checked.validate(ecokv::method_window(spec, params));
+        const ecokv::compression     c      = ecokv::tools::compression_from(args);
+        c.validate();  // fail on bad options before reading a large capture
+        const ecokv::method_spec &   spec   = c.spec;
+        const ecokv::method_params & params = c.params;
         const int32_t n_threads = ecokv::tools::threads_from(args);
         if (params.merge == ecokv::merge_kind::none && args.count("merged-output")) {
             throw ecokv::error("--merged-output needs --merge pivot");

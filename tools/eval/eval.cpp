@@ -1,8 +1,9 @@
 // ecokv eval: options in, the evaluation runner (ecokv/eval-runner.h) on a llama.cpp session, progress out.
-#include "common/args.h"
+#include "common/engine-flags.h"
 #include "ecokv/error.h"
 #include "ecokv/eval-runner.h"
 #include "ecokv/llama-eval.h"
+#include "ecokv/llama-options.h"
 
 #include <unistd.h>
 
@@ -78,31 +79,29 @@ int ecokv_eval(int argc, char ** argv) {
                 cxxopts::value<std::string>()->default_value("prompt"))
             ("limit", "only the first N items", cxxopts::value<int32_t>()->default_value("0"))
             ("shard", "i/n: this process runs items i, i+n, i+2n, ...", cxxopts::value<std::string>()->default_value("0/1"))
-            ("chunk", "compressed answers from a chunked prefill of N cells per chunk (ecokv run --chunk); 0: one shot",
-                cxxopts::value<int32_t>()->default_value("0"))
-            ("image-max-tokens", "resize each image to at most N tokens (dynamic-resolution projectors: the "
-                "smaller-image baseline, reported by ecokv report in budget N's column)", cxxopts::value<int32_t>())
             ("n,n-predict", "answer tokens", cxxopts::value<int32_t>()->default_value("16"))
-            ("t,threads", "CPU threads", cxxopts::value<int32_t>()->default_value("0"))
             ("out", "results directory", cxxopts::value<std::string>())
             ("strict", "stop at an item that cannot be processed (default: record it as failed and go on)")
             ("list-datasets", "list the datasets and exit")
             ("verbose", "show llama.cpp's log")
             ("h,help", "show this help");
         // clang-format on
-        ecokv::tools::add_method_options(options);
-        const auto args = options.parse(argc, argv);
-        if (args.count("help")) {
-            std::printf("%s\n", options.help({ "", "method" }).c_str());
+        // --methods and --budgets are lists of the table's method and budget; --image-max-tokens N is the
+        // smaller-image baseline, reported by ecokv report in budget N's column.
+        ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill, {},
+                                              { "method", "budget" });
+        ecokv::tools::add_engine_options(options);
+        const auto parsed = ecokv::tools::parse_options(options, argc, argv, ecokv::tools::engine_aliases());
+        if (!parsed) {
             return 0;
         }
+        const cxxopts::ParseResult & args = *parsed;
         if (args.count("list-datasets")) {
             for (const auto & d : ecokv::list_datasets()) {
                 std::printf("%-10s %-9s %s\n", d.name.c_str(), d.metric.c_str(), d.description.c_str());
             }
             return 0;
         }
-        ecokv::tools::reject_positional(args);
         ecokv::tools::require(args, { "model", "dataset", "methods", "out" });
         const std::string mode = args["mode"].as<std::string>();
         if (mode != "prompt" && mode != "agnostic") {
@@ -115,26 +114,23 @@ int ecokv_eval(int argc, char ** argv) {
         o.mode                      = mode == "prompt" ? ecokv::eval_mode::prompt : ecokv::eval_mode::agnostic;
         o.methods                   = ecokv::tools::split_list(args["methods"].as<std::string>());
         o.budgets                   = parse_budgets(args["budgets"].as<std::string>());
-        o.params                    = ecokv::tools::method_params_from(args);
+        o.settings                  = ecokv::tools::compression_from(args);
         o.limit                     = ecokv::tools::int_in_range(args, "limit", 0, INT32_MAX);
         std::tie(o.shard, o.n_shards) = parse_shard(args["shard"].as<std::string>());
         o.n_predict                 = args["n-predict"].as<int32_t>();
-        o.chunk                     = ecokv::tools::int_in_range(args, "chunk", 0, 1 << 24);
         o.out_dir                   = args["out"].as<std::string>();
         o.model                     = args["model"].as<std::string>();
         o.projector                 = args.count("mmproj") ? args["mmproj"].as<std::string>() : "";
         o.strict                    = args.count("strict") > 0;
-        o.image_max_tokens          = args.count("image-max-tokens") ? ecokv::tools::int_in_range(args, "image-max-tokens", 1, 1 << 20) : 0;
+        el::session_options so      = ecokv::tools::engine_options_from(args);
+        so.model_path               = o.model;
+        so.mmproj_path              = o.projector;
+        o.engine                    = el::recorded_engine_options(so);
         const ecokv::eval_plan plan = ecokv::plan_eval(o);  // every check before the model loads
 
         el::set_verbose(args.count("verbose") > 0);
-        el::session_options so;
-        so.model_path  = o.model;
-        so.mmproj_path = o.projector;
-        so.n_threads   = ecokv::tools::threads_from(args);
-        so.image_max_tokens = o.image_max_tokens;
         const el::session s(so);
-        ecokv::run_eval(plan, *el::make_eval_engine(s, o.chunk), progress_printer());
+        ecokv::run_eval(plan, *el::make_eval_engine(s), progress_printer());
         std::fprintf(stderr, "[eval] results in %s\n", plan.results_path.c_str());
         return 0;
     });

@@ -7,6 +7,7 @@
 #include "ecokv/error.h"
 #include "ecokv/method.h"
 #include "ecokv/metrics.h"
+#include "ecokv/options.h"
 #include "ecokv/safetensors.h"
 
 #include <nlohmann/json.hpp>
@@ -107,10 +108,11 @@ void read_dir(const std::string & dir, const std::vector<std::string> & tags,
                 }
                 throw error(f.string() + ":" + std::to_string(n) + ": not a results record (" + e.what() + ")");
             }
-            const bool smaller_image = image_max_tokens > 0 && j.at("method") == "full";
-            const std::string method = smaller_image            ? std::string(k_smaller_image)
-                                       : j.at("method") == "full" ? std::string("full")
-                                                                  : j.at("method").get<std::string>() + suffix;
+            const bool full          = ecokv::is_full_cache(j.at("method").get<std::string>());
+            const bool smaller_image = image_max_tokens > 0 && full;
+            const std::string method = smaller_image ? std::string(k_smaller_image)
+                                       : full        ? std::string(ecokv::k_full_cache)
+                                                     : j.at("method").get<std::string>() + suffix;
             if (smaller_image) {
                 j["budget"] = image_max_tokens;
             }
@@ -205,11 +207,11 @@ void table_header(std::ostringstream & md, const std::vector<int32_t> & budgets)
     md << "\n";
 }
 
-std::string label(const std::string & method) { return method == "full" ? "FullKV" : method; }
+std::string label(const std::string & method) { return ecokv::is_full_cache(method) ? "FullKV" : method; }
 
 // The canonical name of a --baseline value: "full" (FullKV) or a method (mixkv -> uniform+mixkv).
 std::string baseline_method(const std::string & text) {
-    if (text == "full") {
+    if (ecokv::is_full_cache(text)) {
         return text;
     }
     const size_t tag = text.find(" [");  // a tagged row: "snapkv [window 32]"
@@ -246,7 +248,7 @@ struct report {
 std::vector<int32_t> budgets_of(const dataset_results & res) {
     std::vector<int32_t> budgets;
     for (const auto & [k, v] : res.items) {
-        if (k.method != "full" && std::find(budgets.begin(), budgets.end(), k.budget) == budgets.end()) {
+        if (!ecokv::is_full_cache(k.method) && std::find(budgets.begin(), budgets.end(), k.budget) == budgets.end()) {
             budgets.push_back(k.budget);
         }
     }
@@ -282,7 +284,7 @@ void write_scores(const std::string & dataset, const dataset_results & res, cons
         per_item[k]                  = item_scores(res.metric, by_id);
     }
     const auto cell_at = [&](const std::string & m, int32_t b) {
-        const cell_key k{ m, m == "full" ? 0 : b };
+        const cell_key k{ m, ecokv::is_full_cache(m) ? 0 : b };
         cell_score     c{ score[k].first, score[k].second, summarize([&] {
                              std::vector<double> v;
                              for (const auto & [id, x] : per_item[k]) {
@@ -290,8 +292,8 @@ void write_scores(const std::string & dataset, const dataset_results & res, cons
                              }
                              return v;
                          }()) };
-        const cell_key base{ base_row, base_row == "full" ? 0 : b };
-        if (m != base_row && m != "full" && score.count(base)) {
+        const cell_key base{ base_row, ecokv::is_full_cache(base_row) ? 0 : b };
+        if (m != base_row && !ecokv::is_full_cache(m) && score.count(base)) {
             c.has_delta = true;
             c.delta     = c.score - score[base].first;
             c.diff      = paired(per_item[k], per_item[base]);
@@ -303,7 +305,7 @@ void write_scores(const std::string & dataset, const dataset_results & res, cons
     for (const std::string & m : res.method_order) {
         out.md << "| " << label(m) << " |";
         for (int32_t b : budgets) {
-            if (!score.count({ m, m == "full" ? 0 : b })) {
+            if (!score.count({ m, ecokv::is_full_cache(m) ? 0 : b })) {
                 out.md << " - |";
                 continue;
             }
@@ -316,10 +318,10 @@ void write_scores(const std::string & dataset, const dataset_results & res, cons
                 out.md << buf;
             }
             out.md << " |";
-            if (m == "full" && b != budgets.front()) {
+            if (ecokv::is_full_cache(m) && b != budgets.front()) {
                 continue;  // FullKV is one row of the CSV and JSON
             }
-            const int32_t budget = m == "full" ? 0 : b;
+            const int32_t budget = ecokv::is_full_cache(m) ? 0 : b;
             out.csv << dataset << "," << res.metric << "," << label(m) << "," << budget << "," << c.score << ","
                     << c.n << "," << (with_errors ? std::to_string(c.own.se) : "") << ","
                     << (c.has_delta ? std::to_string(c.delta) : "") << ","
@@ -349,7 +351,7 @@ void write_scores(const std::string & dataset, const dataset_results & res, cons
 // The items eval could not process: the scores are over the others.
 void write_failed(const std::string & dataset, const dataset_results & res, report & out) {
     for (const auto & [k, by_id] : res.failed) {
-        out.md << "Failed items, " << label(k.method) << (k.method == "full" ? "" : " " + std::to_string(k.budget))
+        out.md << "Failed items, " << label(k.method) << (ecokv::is_full_cache(k.method) ? "" : " " + std::to_string(k.budget))
                << ": " << by_id.size() << " (first: " << by_id.begin()->first << ": " << by_id.begin()->second << ")\n";
         out.js[dataset]["failed"].push_back({ { "method", label(k.method) }, { "budget", k.budget },
                                               { "n", by_id.size() } });
@@ -369,7 +371,7 @@ void write_fidelity(const std::string & dataset, const dataset_results & res, co
               "error of the attention output, mean over layers):\n\n";
     table_header(out.md, budgets);
     for (const std::string & m : res.method_order) {
-        if (m == "full") {
+        if (ecokv::is_full_cache(m)) {
             continue;
         }
         out.md << "| " << label(m) << " |";
@@ -447,7 +449,7 @@ int ecokv_report(int argc, char ** argv) {
         out.csv << "dataset,metric,method,budget,score,n,se," << delta_column(baseline) << ",delta_se,n_paired\n";
         for (auto & [dataset, res] : all) {
             std::stable_partition(res.method_order.begin(), res.method_order.end(),
-                                  [](const std::string & m) { return m == "full"; });
+                                  [](const std::string & m) { return ecokv::is_full_cache(m); });
             const std::vector<int32_t> budgets = budgets_of(res);
             write_scores(dataset, res, baseline, budgets, out);
             write_failed(dataset, res, out);

@@ -1,7 +1,7 @@
 // ecokv run: prefill a prompt in llama.cpp, compress the KV cache with any method, decode from the smaller
 // cache, and report memory, time and (with --compare-full) agreement with the full cache. Without options it runs
 // the README's main job on the bundled tiny VLM.
-#include "common/args.h"
+#include "common/engine-flags.h"
 #include "common/prompt-options.h"
 #include "ecokv/capture.h"
 #include "ecokv/error.h"
@@ -20,10 +20,8 @@ namespace el = ecokv::llama;
 
 struct run_options {
     ecokv::tools::prompt_options prompt;
-    ecokv::method_spec           spec;
-    ecokv::method_params         params;
+    ecokv::compression           c;
     int32_t                      n_predict    = 32;
-    int32_t                      chunk        = 0;  // cells per chunk of a chunked prefill; 0: one shot
     bool                         compare_full = false;
     bool                         json         = false;
     std::string                  dump_capture;
@@ -40,20 +38,18 @@ bool parse(int argc, char ** argv, run_options & o) {
         ("n,n-predict", "tokens to generate", cxxopts::value<int32_t>()->default_value("32"))
         ("compare-full", "also decode with the full cache: greedy agreement and mean KL")
         ("dump-capture", "write the prefill capture (SPEC §7) to this file", cxxopts::value<std::string>())
-        ("chunk", "prefill N cells at a time, compressing after each chunk: the KV cache never holds more than the "
-            "budget plus one chunk per head (0: the whole prompt, then compress)", cxxopts::value<int32_t>()->default_value("0"))
         ("json", "print one JSON object")
         ("h,help", "show this help");
     // clang-format on
-    const auto parsed = ecokv::tools::parse_with_method_options(options, argc, argv, "snapkv+ecokv");
+    ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill);
+    const auto parsed = ecokv::tools::parse_options(options, argc, argv, ecokv::tools::engine_aliases());
     if (!parsed) {
         return false;
     }
     const cxxopts::ParseResult & args = *parsed;
     o.prompt = ecokv::tools::prompt_options_from(args);
-    o.spec   = ecokv::parse_method(args["method"].as<std::string>());
-    o.params = ecokv::tools::method_params_from(args);
-    o.params.validate(ecokv::method_window(o.spec, o.params));
+    o.c      = ecokv::tools::compression_from(args);
+    o.c.validate();
     o.n_predict = args["n-predict"].as<int32_t>();
     if (o.n_predict < 1 || o.n_predict > 1000000) {
         throw error("-n " + std::to_string(o.n_predict) + " must lie in [1, 1000000]");
@@ -61,8 +57,7 @@ bool parse(int argc, char ** argv, run_options & o) {
     o.compare_full = o.prompt.main_job || args.count("compare-full") > 0;
     o.json         = args.count("json") > 0;
     o.dump_capture = args.count("dump-capture") ? args["dump-capture"].as<std::string>() : "";
-    o.chunk        = ecokv::tools::int_in_range(args, "chunk", 0, 1 << 24);
-    if (o.chunk > 0 && !o.dump_capture.empty()) {
+    if (o.c.chunk > 0 && !o.dump_capture.empty()) {
         throw error("--dump-capture writes the capture of a one-shot prefill; a chunked prefill (--chunk) has none");
     }
     return true;
@@ -111,10 +106,10 @@ json run(const run_options & o) {
 
     const el::prompt            p = s.make_prompt(parts.context, o.prompt.images);
     std::optional<el::sequence> full, compressed;
-    json                        out = { { "model", s.description() }, { "budget", o.params.budget },
-                                        { "room_tokens", n_extra },   { "chunk", o.chunk } };
-    if (o.chunk > 0) {  // the full cache is never made, unless --compare-full asks for it as the reference
-        compressed.emplace(s.prefill_chunked(p, o.chunk, o.spec, o.params, n_extra));
+    json                        out = { { "model", s.description() }, { "budget", o.c.params.budget },
+                                        { "room_tokens", n_extra },   { "chunk", o.c.chunk } };
+    if (o.c.chunk > 0) {  // the full cache is never made, unless --compare-full asks for it as the reference
+        compressed.emplace(s.prefill_chunked(p, o.c.chunk, o.c.spec, o.c.params, n_extra));
         out["prefill_s"] = compressed->prefill_seconds();
         if (o.compare_full) {
             full.emplace(s.prefill(p, n_extra, {}));
@@ -122,17 +117,17 @@ json run(const run_options & o) {
     } else {
         // The full cache lives on only when --compare-full needs it; otherwise it is compressed in place, freed as the
         // kept entries are written.
-        full.emplace(s.prefill(p, n_extra, ecokv::requirements(o.spec, o.params)));
+        full.emplace(s.prefill(p, n_extra, ecokv::requirements(o.c.spec, o.c.params)));
         if (!o.dump_capture.empty()) {
             ecokv::write_capture(o.dump_capture, full->capture());
         }
         out["kv_bytes_full"] = full->kv_bytes_allocated();
         out["prefill_s"]     = full->prefill_seconds();
         if (o.compare_full) {
-            compressed.emplace(full->compress(o.spec, o.params, n_extra));
+            compressed.emplace(full->compress(o.c.spec, o.c.params, n_extra));
             full->release_capture();
         } else {
-            full->compress_in_place(o.spec, o.params);
+            full->compress_in_place(o.c.spec, o.c.params);
             compressed.emplace(std::move(*full));
             full.reset();
         }

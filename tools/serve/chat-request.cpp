@@ -1,6 +1,5 @@
 #include "chat-request.h"
 
-#include "common/args.h"
 #include "ecokv/error.h"
 #include "ecokv/llama-session.h"
 
@@ -63,6 +62,9 @@ void read_content(const json & content, size_t index, chat_request & r, llama::c
     }
     m.content = markers + text;
 }
+
+// The request field an option error is about: kv_compression.KEY, or kv_compression for an unknown key.
+std::string param_of(const option_error & e) { return e.key.empty() ? "kv_compression" : "kv_compression." + e.key; }
 
 }  // namespace
 
@@ -218,69 +220,43 @@ json error_body(const request_error & e) {
 
 compression resolve_compression(const chat_request & r, const compression_defaults & o) {
     if (r.kv_compression_off || (!o.compress && !r.kv_compression)) {
-        return { false, {}, {}, 0, "full" };
+        return compression::none();
     }
-    std::vector<std::string> args = { "kv_compression" };
-    args.insert(args.end(), o.method_args.begin(), o.method_args.end());
-    if (r.kv_compression) {
-        for (const auto & [k, v] : r.kv_compression->items()) {
-            std::string flag = k;
-            std::replace(flag.begin(), flag.end(), '_', '-');
-            if (flag == "head-scores") {
-                throw bad_request("kv_compression.head_scores", "head scores are a server option (--head-scores)");
+    compression  c = o.server;
+    const json   none = json::object();
+    const json & kv   = r.kv_compression ? *r.kv_compression : none;
+    for (const auto & [k, v] : kv.items()) {
+        try {
+            const option_info & row = find_option(k);
+            if (!row.client) {
+                throw bad_request("kv_compression." + k, "'kv_compression." + k + "' is a server option (--" +
+                                                             row.flag() + ")");
             }
-            if (!v.is_string() && !v.is_number()) {
+            if (v.is_string()) {
+                set_option(c, k, v.get<std::string>());
+            } else if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)) {
+                set_option(c, k, v.get<int64_t>());
+            } else if (v.is_number()) {
+                set_option(c, k, v.get<double>());
+            } else {
                 throw bad_request("kv_compression." + k, "'kv_compression." + k + "' must be a string or a number");
             }
-            // Method options are short; cxxopts matches them with std::regex, which recurses per character.
-            if (k.size() > 64 || (v.is_string() && v.get_ref<const std::string &>().size() > 256)) {
-                throw bad_request("kv_compression", "a kv_compression field or value is too long (64 and 256 bytes at most)");
-            }
-            args.push_back("--" + flag);
-            args.push_back(v.is_string() ? v.get<std::string>() : v.dump());
+        } catch (const option_error & e) {
+            throw bad_request(param_of(e), std::string("kv_compression: ") + e.what());
         }
     }
-    std::vector<char *> argv;
-    for (std::string & a : args) {
-        argv.push_back(a.data());
-    }
-    cxxopts::Options opts("kv_compression");
-    tools::add_method_options(opts, "snapkv+ecokv");
-    opts.add_options()("chunk", "", cxxopts::value<int32_t>()->default_value(std::to_string(o.chunk)));
-    compression c;
     try {
-        const auto parsed = opts.parse(int(argv.size()), argv.data());
-        if (!parsed.unmatched().empty()) {
-            throw bad_request("kv_compression", "unexpected value '" + parsed.unmatched().front() + "'");
-        }
-        c.spec               = parse_method(parsed["method"].as<std::string>());
-        c.params             = tools::method_params_from(parsed);
-        c.params.head_scores = o.head_scores;
-        c.params.validate(method_window(c.spec, c.params));
-        if (requirements(c.spec, c.params).head_scores && o.head_scores.empty()) {
-            throw bad_request("kv_compression.method", c.spec.name() + " needs head scores: start the server with "
-                                                                        "--head-scores");
-        }
-        c.chunk = tools::int_in_range(parsed, "chunk", 0, 1 << 24);
-        if (c.chunk > 0) {
-            try {
-                check_chunk(c.spec, c.params, c.chunk);
-            } catch (const ecokv::error & e) {  // the client may not know the server chunks by default
-                const bool asked = r.kv_compression && r.kv_compression->contains("chunk");
-                throw ecokv::error(std::string(e.what()) + (asked ? "" : " (the server's --chunk; send \"chunk\": 0 "
-                                                                          "for a one-shot compression)"));
-            }
-        }
-    } catch (const cxxopts::exceptions::exception & e) {
-        throw bad_request("kv_compression", std::string("kv_compression: ") + e.what());
-    } catch (const ecokv::error & e) {
-        throw bad_request("kv_compression", std::string("kv_compression: ") + e.what());
+        c.validate();
+    } catch (const option_error & e) {  // the client may not know the server chunks by default
+        const bool inherited = e.key == "chunk" && !kv.contains("chunk");
+        throw bad_request(param_of(e),
+                          std::string("kv_compression: ") + e.what() +
+                              (inherited ? " (the server's --chunk; send \"chunk\": 0 for a one-shot compression)" : ""));
     }
-    c.on = true;
-    for (size_t i = 1; i < args.size(); ++i) {
-        c.key += args[i] + " ";
+    if (requirements(c.spec, c.params).head_scores && c.params.head_scores.empty()) {
+        throw bad_request("kv_compression.method", c.spec.name() + " needs head scores: start the server with "
+                                                                    "--head-scores");
     }
-    c.key += "chunk=" + std::to_string(c.chunk);  // the server's --chunk is not among the method flags
     return c;
 }
 

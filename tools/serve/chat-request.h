@@ -2,7 +2,7 @@
 #pragma once
 
 #include "ecokv/llama-generate.h"
-#include "ecokv/method.h"
+#include "ecokv/options.h"
 
 #include <nlohmann/json.hpp>
 
@@ -45,25 +45,15 @@ struct request_limits {
     size_t  max_images         = 16;
 };
 
-// The KV compression of one request (the server's method flags with the request's kv_compression on top).
-struct compression {
-    bool          on = false;
-    method_spec   spec;
-    method_params params;
-    int32_t       chunk = 0;  // chunked prefill of the context, cells per chunk (0: one shot)
-    std::string   key;  // identity: conversations kept under another compression are not continued
-};
-
 // The server's side of a request's compression.
 struct compression_defaults {
-    std::vector<std::string> method_args;   // the server's method flags (--method X --budget N ...)
-    bool                     compress = true;  // false: full caches unless a request asks
-    std::string              head_scores;   // SparseMM head scores (server side only)
-    int32_t                  chunk = 0;     // the server's --chunk (a request's kv_compression.chunk overrides it)
+    compression server;           // the server's method flags and --chunk: a request without kv_compression gets it
+    bool        compress = true;  // false: full caches unless a request asks
 };
 
-// The server's flags, then the request's kv_compression fields on top, validated as `ecokv run` validates its
-// flags; throws request_error naming the field at fault.
+// The server's compression with the request's kv_compression fields set on it by the option table's setters, then
+// validated; throws request_error naming the field at fault (kv_compression.budget), or kv_compression for an
+// unknown field. Options on the server's files (head_scores) are not the client's.
 compression resolve_compression(const chat_request & r, const compression_defaults & d);
 
 // Checks and reads a request body (already parsed JSON); throws request_error naming the field at fault.

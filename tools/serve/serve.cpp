@@ -1,6 +1,6 @@
 // ecokv serve: the OpenAI-compatible chat server (server.h). Parses options, loads the model, serves until SIGINT or
 // SIGTERM. Without --model it serves the bundled tiny VLM with its projector.
-#include "common/args.h"
+#include "common/engine-flags.h"
 #include "common/bundled.h"
 #include "ecokv/error.h"
 #include "server.h"
@@ -23,22 +23,6 @@ void on_signal(int) {
     }
 }
 
-// The method flags as given on the command line, to be read again under each request's kv_compression.
-std::vector<std::string> method_flags(int argc, char ** argv) {
-    cxxopts::Options only("method");
-    only.allow_unrecognised_options();
-    ecokv::tools::add_method_options(only, "snapkv+ecokv");
-    std::vector<std::string>     flags;
-    const cxxopts::ParseResult & parsed = only.parse(argc, argv);  // kept alive: arguments() refers into it
-    for (const auto & kv : parsed.arguments()) {
-        if (kv.key() != "head-scores") {
-            flags.push_back("--" + kv.key());
-            flags.push_back(kv.value());
-        }
-    }
-    return flags;
-}
-
 }  // namespace
 
 int ecokv_serve(int argc, char ** argv) {
@@ -57,15 +41,14 @@ int ecokv_serve(int argc, char ** argv) {
             ("cache-mib", "memory for kept conversations, least recently used evicted first", cxxopts::value<int32_t>()->default_value("256"))
             ("max-tokens", "tokens generated when a request gives no max_tokens", cxxopts::value<int32_t>()->default_value("128"))
             ("full", "keep full caches unless a request asks for kv_compression")
-            ("chunk", "prefill a conversation's context N cells at a time, compressing after each chunk, so that its "
-                "cache never holds more than the budget plus one chunk per head (0: the whole context, then compress; "
-                "a request's kv_compression.chunk overrides it)", cxxopts::value<int32_t>()->default_value("0"))
             ("model-name", "the name /v1/models lists (default: the model file's name)", cxxopts::value<std::string>())
-            ("t,threads", "CPU threads per request", cxxopts::value<int32_t>()->default_value("0"))
             ("verbose", "show llama.cpp's log")
             ("h,help", "show this help");
         // clang-format on
-        const auto parsed = ecokv::tools::parse_with_method_options(options, argc, argv, "snapkv+ecokv");
+        // A request's kv_compression fields override the method options (and --chunk) per conversation.
+        ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill);
+        ecokv::tools::add_engine_options(options);
+        const auto parsed = ecokv::tools::parse_options(options, argc, argv, ecokv::tools::engine_aliases());
         if (!parsed) {
             return 0;
         }
@@ -79,26 +62,16 @@ int ecokv_serve(int argc, char ** argv) {
         so.queue       = ecokv::tools::int_in_range(args, "queue", 0, 4096);
         so.cache_bytes = uint64_t(ecokv::tools::int_in_range(args, "cache-mib", 0, 1 << 20)) << 20;
         so.limits.max_tokens_default = ecokv::tools::int_in_range(args, "max-tokens", 1, 1 << 20);
-        so.kv.compress    = args.count("full") == 0;
-        so.kv.method_args = method_flags(argc, argv);
-        so.kv.head_scores = args.count("head-scores") ? args["head-scores"].as<std::string>() : "";
-        so.kv.chunk       = ecokv::tools::int_in_range(args, "chunk", 0, 1 << 24);
-        {  // the server's own method options are checked now, as a request without kv_compression would use them
-            const ecokv::method_spec   spec = ecokv::parse_method(args["method"].as<std::string>());
-            ecokv::method_params       p    = ecokv::tools::method_params_from(args);
-            p.validate(ecokv::method_window(spec, p));
-            if (so.kv.chunk > 0) {
-                ecokv::check_chunk(spec, p, so.kv.chunk);
-            }
-        }
+        so.kv.compress = args.count("full") == 0;
+        so.kv.server   = ecokv::tools::compression_from(args);
+        so.kv.server.validate();  // now, as a request without kv_compression would use them
 
         const bool          bundled = args.count("model") == 0;
-        el::session_options sopt;
+        el::session_options sopt = ecokv::tools::engine_options_from(args);
         sopt.model_path  = bundled ? ecokv::tools::bundled_file("tiny-vlm.gguf") : args["model"].as<std::string>();
         sopt.mmproj_path = args.count("mmproj") ? args["mmproj"].as<std::string>()
                            : bundled            ? ecokv::tools::bundled_file("tiny-vlm-mmproj.gguf")
                                                 : "";
-        sopt.n_threads   = ecokv::tools::threads_from(args);
         so.model_name    = args.count("model-name") ? args["model-name"].as<std::string>()
                                                     : std::filesystem::path(sopt.model_path).stem().string();
         const el::session session(sopt);

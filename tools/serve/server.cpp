@@ -291,13 +291,13 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
     }
     const std::vector<uint64_t> & units = p->units();
     t->prompt_cells                     = p->n_cells();
-    if (int64_t(t->prompt_cells) + r.max_tokens > s_.n_ctx_train()) {
+    if (int64_t(t->prompt_cells) + r.max_tokens > s_.n_ctx()) {
         throw request_error(400, "invalid_request_error", "messages",
                             "the prompt (" + std::to_string(t->prompt_cells) + " tokens) plus max_tokens (" +
-                                std::to_string(r.max_tokens) + ") exceeds the model's context of " +
-                                std::to_string(s_.n_ctx_train()));
+                                std::to_string(r.max_tokens) + ") exceeds the context of " +
+                                std::to_string(s_.n_ctx()));
     }
-    t->key                 = keyed(c.key, units);
+    t->key                 = keyed(c.key(), units);
     const auto         t0  = clock_type::now();
     const auto         hit = cache_.find(t->key);
     if (hit) {  // continue the kept conversation: only the units after it are prefilled
@@ -308,14 +308,14 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
         ++stats_->hits;
     } else {  // prefill what comes before the question, compress it, then the question
         size_t split = units.size();
-        if (c.on) {
+        if (c.enabled) {
             const el::prompt before = s_.make_prompt_from_memory(before_question(s_, r.messages, "\x01" "ECOKV" "\x01"), r.images);
             split = std::mismatch(before.units().begin(), before.units().end(), units.begin(), units.end()).first -
                     before.units().begin();
         }
         const int32_t context_cells = p->cells_before(split);
         const int32_t n_extra       = t->prompt_cells - context_cells + r.max_tokens;
-        const bool    compress      = c.on && context_cells > c.params.budget;
+        const bool    compress      = c.enabled && context_cells > c.params.budget;
         if (compress && c.chunk > 0) {  // the cache never holds more than the budget plus one chunk
             t->seq.emplace(s_.prefill_chunked(*p, c.chunk, c.spec, c.params, n_extra, split));
         } else {

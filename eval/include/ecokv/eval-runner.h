@@ -7,6 +7,7 @@
 #include "ecokv/datasets.h"
 #include "ecokv/method.h"
 #include "ecokv/metrics.h"
+#include "ecokv/options.h"
 
 #include <cstdint>
 #include <functional>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ecokv {
@@ -50,7 +52,8 @@ class eval_engine {
     virtual eval_prefill prefill(const eval_item & item, eval_mode mode, int32_t n_predict,
                                  const method_requirements & needs)        = 0;
     virtual eval_answer  answer_full()                                      = 0;
-    virtual eval_answer  answer_compressed(const method_spec & spec, const method_params & params) = 0;
+    // The answer from the item's prompt compressed with c (c.chunk > 0: from a chunked prefill of its own).
+    virtual eval_answer  answer_compressed(const compression & c)          = 0;
 };
 
 // Everything that decides a run. Every field that changes results is recorded in <out_dir>/config.json, and a
@@ -60,19 +63,21 @@ struct eval_options {
     std::string              data_dir;
     std::string              metric;          // empty: the dataset's
     eval_mode                mode = eval_mode::prompt;
-    std::vector<std::string> methods;         // "full" is the uncompressed cache
+    std::vector<std::string> methods;         // "full" (k_full_cache) is the uncompressed cache
     std::vector<int32_t>     budgets;
-    method_params            params;          // every method option; budget is set per run
+    compression              settings;        // every other compression option (the table's); method and budget
+                                              // are set per run
+    // The engine's options that change results (the adapter's table: llama::recorded_engine_options), recorded in
+    // config.json by their keys.
+    std::vector<std::pair<std::string, option_value>> engine;
     int32_t                  limit     = 0;   // only the first N items (0: all)
     int32_t                  shard     = 0;   // this process runs items shard, shard + n_shards, ...
     int32_t                  n_shards  = 1;
     int32_t                  n_predict = 16;
-    int32_t                  chunk     = 0;   // chunked prefill of this many cells per chunk (0: one shot)
     std::string              out_dir;
     std::string              model;           // files, recorded in config.json by name and content hash
     std::string              projector;
     bool                     strict = false;  // an item that cannot be processed stops the run (else: recorded)
-    int32_t                  image_max_tokens = 0;  // images resized to at most this many tokens (0: as they are)
 };
 
 // A validated run: methods canonical, the items of this shard, the config, what was already done.

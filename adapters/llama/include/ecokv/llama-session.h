@@ -40,13 +40,18 @@ using model_ptr = std::unique_ptr<llama_model, model_deleter>;
 // llama.cpp's and mtmd's log below errors is silenced unless verbose (process-wide).
 void set_verbose(bool verbose);
 
+// The engine's options; ecokv/llama-options.h has them as a table with llama.cpp's names.
 struct session_options {
     std::string           model_path;               // GGUF model
     std::string           mmproj_path;              // libmtmd projector GGUF, or empty for text only
+    int32_t               n_ctx      = 0;           // most cells a sequence holds, prompt and new tokens; 0: the
+                                                    // model's training context
     int32_t               n_threads  = 0;           // 0: llama.cpp's default
     int32_t               n_batch    = 2048;        // logical batch, capped at the context size
     int32_t               n_ubatch   = 0;           // physical batch; 0: llama.cpp's default
     llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;
+    ggml_type             type_k     = GGML_TYPE_F16;  // the KV cache's element types (F16 or F32 for now)
+    ggml_type             type_v     = GGML_TYPE_F16;
     // Dynamic-resolution projectors (Qwen2-VL): resize an image to at most this many tokens (mtmd's
     // image_max_tokens, llama.cpp's --image-max-tokens); 0: the projector's own limit.
     int32_t               image_max_tokens = 0;
@@ -148,6 +153,7 @@ class session {
     bool                has_projector() const;
     std::string         description() const;  // llama_model_desc
     int32_t             n_ctx_train() const;
+    int32_t             n_ctx() const;  // the most cells a sequence may hold: options().n_ctx, else n_ctx_train()
     const session_options & options() const;
 
     std::vector<llama_token> tokenize(const std::string & text, bool add_special) const;

@@ -1,0 +1,114 @@
+// THE list of engine options (ecokv/llama-options.h), with llama.cpp's names, meanings and defaults where ecokv
+// keeps them. One deviation: llama.cpp's -b is --batch-size, ecokv's -b has been --budget from the start, so the
+// batch size is --batch-size only.
+#include "ecokv/llama-options.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace ecokv::llama {
+
+namespace {
+
+constexpr double k_int_max = std::numeric_limits<int32_t>::max();
+
+template <auto M> option_value get_int(const engine_option &, const session_options & o) { return int64_t(o.*M); }
+template <auto M> void set_int(const engine_option &, session_options & o, const option_value & v) {
+    o.*M = int32_t(std::get<int64_t>(v));
+}
+
+// llama.cpp's flash-attention values, in the order of the row's choices.
+constexpr llama_flash_attn_type k_flash[] = { LLAMA_FLASH_ATTN_TYPE_ENABLED, LLAMA_FLASH_ATTN_TYPE_DISABLED,
+                                              LLAMA_FLASH_ATTN_TYPE_AUTO };
+// The cache types ecokv's ragged store takes (kv-store.cpp), in the order of the rows' choices.
+constexpr ggml_type k_cache_types[] = { GGML_TYPE_F16, GGML_TYPE_F32 };
+
+template <class E, size_t N> size_t index_of(const E (&values)[N], E v) {
+    return size_t(std::find(values, values + N, v) - values);
+}
+template <class E, size_t N> E chosen(const E (&values)[N], const engine_option & o, const option_value & v) {
+    return values[std::find(o.choices.begin(), o.choices.end(), std::get<std::string>(v)) - o.choices.begin()];
+}
+
+option_value get_flash(const engine_option & r, const session_options & o) {
+    return std::string(r.choices[index_of(k_flash, o.flash_attn)]);
+}
+void set_flash(const engine_option & r, session_options & o, const option_value & v) { o.flash_attn = chosen(k_flash, r, v); }
+template <auto M> option_value get_type(const engine_option & r, const session_options & o) {
+    return std::string(r.choices[index_of(k_cache_types, o.*M)]);
+}
+template <auto M> void set_type(const engine_option & r, session_options & o, const option_value & v) {
+    o.*M = chosen(k_cache_types, r, v);
+}
+
+using option_kind::choice, option_kind::integer;
+using option_record::never, option_record::unless_default;
+
+const std::vector<engine_option> & table() {
+    // Columns: {key, short name, kind, lo, hi, lo_open, choices, unset, help}, alias, record, get, set.
+    // clang-format off
+    static const std::vector<engine_option> rows = {
+        { { "ctx_size", 'c', integer, 0, k_int_max, false, {}, "",
+            "most KV cells a sequence may hold, prompt and new tokens (0: the model's training context)" },
+          "", unless_default, get_int<&session_options::n_ctx>, set_int<&session_options::n_ctx> },
+        { { "threads", 't', integer, 0, 512, false, {}, "", "CPU threads (0: llama.cpp's default)" },
+          "", never, get_int<&session_options::n_threads>, set_int<&session_options::n_threads> },
+        { { "batch_size", 0, integer, 1, k_int_max, false, {}, "", "logical batch: cells decoded per llama_decode call" },
+          "", unless_default, get_int<&session_options::n_batch>, set_int<&session_options::n_batch> },
+        { { "ubatch_size", 0, integer, 0, k_int_max, false, {}, "", "physical batch (0: llama.cpp's, 512)" },
+          "-ub", unless_default, get_int<&session_options::n_ubatch>, set_int<&session_options::n_ubatch> },
+        { { "flash_attn", 0, choice, 0, 0, false, { "on", "off", "auto" }, "", "flash attention" },
+          "-fa", unless_default, get_flash, set_flash },
+        { { "cache_type_k", 0, choice, 0, 0, false, { "f16", "f32" }, "", "KV cache type of K" },
+          "-ctk", unless_default, get_type<&session_options::type_k>, set_type<&session_options::type_k> },
+        { { "cache_type_v", 0, choice, 0, 0, false, { "f16", "f32" }, "", "KV cache type of V" },
+          "-ctv", unless_default, get_type<&session_options::type_v>, set_type<&session_options::type_v> },
+        { { "image_max_tokens", 0, integer, 0, 1 << 20, false, {}, "",
+            "resize each image to at most N tokens (dynamic-resolution projectors such as Qwen2-VL; 0: the "
+            "projector's own limit)" },
+          "", unless_default, get_int<&session_options::image_max_tokens>, set_int<&session_options::image_max_tokens> },
+    };
+    // clang-format on
+    return rows;
+}
+
+}  // namespace
+
+std::span<const engine_option> engine_options() { return table(); }
+
+namespace {
+
+const engine_option & find(std::string_view key) {
+    for (const engine_option & r : table()) {
+        if (key == r.key || key == r.flag()) {
+            return r;
+        }
+    }
+    throw option_error("", "unknown engine option '" + std::string(key) + "'");
+}
+
+}  // namespace
+
+void set_engine_option(session_options & o, std::string_view key, const option_value & value) {
+    const engine_option & r = find(key);
+    r.set(r, o, checked_value(r, value));
+}
+
+option_value get_engine_option(const session_options & o, std::string_view key) {
+    const engine_option & r = find(key);
+    return r.get(r, o);
+}
+
+std::vector<std::pair<std::string, option_value>> recorded_engine_options(const session_options & o) {
+    static const session_options                      defaults;
+    std::vector<std::pair<std::string, option_value>> out;
+    for (const engine_option & r : table()) {
+        const option_value v = r.get(r, o);
+        if (r.record == option_record::always || (r.record == unless_default && v != r.get(r, defaults))) {
+            out.emplace_back(std::string(r.key), v);
+        }
+    }
+    return out;
+}
+
+}  // namespace ecokv::llama
