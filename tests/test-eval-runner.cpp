@@ -181,3 +181,30 @@ TEST(eval_runner, options_are_checked_before_any_work) {
 }
 
 }  // namespace
+
+// config.json records every option of the table but method and budget (each record names those), options recorded
+// unless_default only when changed, and the engine's recorded options by their keys.
+TEST(eval_runner, config_records_every_option_row) {
+    runner_fixture f;
+    f.o.settings.params.mixkv_scale   = ecokv::mixkv_scale_kind::importance;  // every unless_default row changed
+    f.o.settings.params.ecokv_weights = ecokv::ecokv_weights_kind::figure3;
+    f.o.settings.chunk                = 64;
+    f.o.engine                      = { { "flash_attn", std::string("off") }, { "image_max_tokens", int64_t(50) } };
+    ecokv::plan_eval(f.o);
+    const json config = json::parse(read_file(f.o.out_dir + "/config.json"));
+    for (const ecokv::option_info & o : ecokv::compression_options()) {
+        EXPECT_EQ(config.contains(o.key), o.record != ecokv::option_record::never) << o.key;
+    }
+    EXPECT_EQ(config["window"], 36);
+    EXPECT_EQ(config["floor_ratio"], nullptr);  // the method's default
+    EXPECT_EQ(config["mixkv_scale"], "importance");
+    EXPECT_EQ(config["chunk"], 64);
+    EXPECT_EQ(config["flash_attn"], "off");
+    EXPECT_EQ(config["image_max_tokens"], 50);
+    runner_fixture d;  // defaults: the options added later are absent, as in directories written before them
+    ecokv::plan_eval(d.o);
+    const json plain = json::parse(read_file(d.o.out_dir + "/config.json"));
+    for (const char * later : { "mixkv_scale", "ecokv_weights", "chunk", "flash_attn", "image_max_tokens" }) {
+        EXPECT_FALSE(plain.contains(later)) << later;
+    }
+}
