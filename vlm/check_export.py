@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_docs  # noqa: E402
 import gen_pages  # noqa: E402
 import qwen2vl  # noqa: E402
-from model import BOS, Config, TinyVLM, encode, rope, rope_tables  # noqa: E402
+from blocks import BOS, encode  # noqa: E402
+from model import Config, TinyVLM, rotary  # noqa: E402
 
 
 def read_safetensors(path):
@@ -50,17 +51,7 @@ def torch_kv(model, image, text):
     n_patches = (c.image_size // c.patch_size) ** 2
     ids = [BOS] + [0] * n_patches + encode("\n" + text)
     x = model.embed(torch.tensor([ids]), model.vision(torch.from_numpy(image[None])), [(0, 1)])
-    t, hd = x.shape[1], c.n_embd // c.n_head
-    cos, sin = rope_tables(t, hd, c.rope_base)
-    mask = torch.full((t, t), float("-inf")).triu(1)
-    out = []
-    for layer in model.layers:
-        h = layer.attn_norm(x)
-        k = rope(layer.wk(h).view(1, t, c.n_head_kv, hd), cos, sin)[0].transpose(0, 1)
-        v = layer.wv(h).view(1, t, c.n_head_kv, hd)[0].transpose(0, 1)
-        out.append((k.numpy(), v.numpy()))
-        x = layer(x, cos, sin, mask)
-    return out
+    return model.kv_cache(x, rotary(len(ids), c))
 
 
 def main():

@@ -37,7 +37,8 @@ import export_qwen2vl  # noqa: E402
 import gen_docs  # noqa: E402
 import gen_pages  # noqa: E402
 import qwen2vl  # noqa: E402
-from model import EOS, Config, TinyVLM, encode, rope_tables  # noqa: E402
+from blocks import EOS, causal_mask, encode  # noqa: E402
+from model import Config, TinyVLM, prompt_tokens, rotary  # noqa: E402
 
 PAGE_SEED, QA_SEED = 240_200, 240_300
 NEAR = 0.95
@@ -60,15 +61,12 @@ class Llava:
         return [start + r * gen_docs.GRID + c for _, r, c in (x for x in cells if x is not None)]
 
     def inputs(self, it):
-        from train import prompt_tokens
-
         c = self.m.c
         ids, slots = prompt_tokens(1, (c.image_size // c.patch_size) ** 2, it["context"], it["question"])
         n = len(ids)
         ids = ids + encode(it["answer"]) + [EOS]
         x = self.m.embed(torch.tensor([ids]), self.m.vision(torch.from_numpy(it["images"][0][None])), [(0, slots[0])])
-        cos, sin = rope_tables(len(ids), c.n_embd // c.n_head, c.rope_base)
-        return ids, n, slots[0], x, lambda layer, h, mask: layer(h, cos, sin, mask)
+        return ids, n, slots[0], x, rotary(len(ids), c)
 
     def export(self, prefix):
         sd = self.m.state_dict()
@@ -97,10 +95,7 @@ class Qwen:
         n = len(ids)
         qwen2vl.extend(ids, pos, p, encode(it["answer"]) + [EOS])
         x = self.m.embed(torch.tensor([ids]), [self.m.vision(torch.from_numpy(it["images"][0][None]))[0]], [(0, slots[0])])
-        c = self.m.c
-        angle = qwen2vl.mrope_angles(torch.tensor([pos], dtype=torch.float32), c.n_embd // c.n_head, c.rope_base,
-                                     c.rope_sections)
-        return ids, n, slots[0], x, lambda layer, h, mask: layer(h, angle, mask)
+        return ids, n, slots[0], x, qwen2vl.rotary(torch.tensor([pos]), self.m.c)
 
     def export(self, prefix):
         sd = self.m.state_dict()
@@ -200,10 +195,10 @@ def decisions(kind, n):
     right, decided = 0, np.zeros((c.n_layer, c.n_head_kv))
     for i in range(n):
         it = kind.gen.item(QA_SEED + i, "qa")
-        ids, start, slot, x0, run_layer = kind.inputs(it)
+        ids, start, slot, x0, rotate = kind.inputs(it)
         t = len(ids)
         target = torch.tensor(ids[start:])
-        base = torch.full((t, t), float("-inf")).triu(1)
+        base = causal_mask(t)
 
         def answers(ablate=None):
             x = x0
@@ -213,7 +208,7 @@ def decisions(kind, n):
                     mask = base.expand(c.n_head, t, t).clone()
                     heads = slice(ablate[1] * rep, (ablate[1] + 1) * rep)
                     mask[heads, :, kind.answer_tokens(it, slot)] = float("-inf")
-                x = run_layer(layer, x, mask)
+                x = layer(x, rotate, mask)
             logits = m.out(m.norm(x))[0, start - 1: t - 1]
             return bool((logits.argmax(-1) == target).all())
 

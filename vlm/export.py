@@ -16,7 +16,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from model import BOS, CLIP_MEAN, CLIP_STD, EOS, UNK, Config, vocab  # noqa: E402
+from blocks import BOS, CLIP_MEAN, CLIP_STD, EOS, UNK, vocab  # noqa: E402
+from model import Config  # noqa: E402
 
 
 def load_gguf_py(path):

@@ -29,13 +29,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_docs  # noqa: E402
 import gen_pages  # noqa: E402
 import qwen2vl  # noqa: E402
-from model import EOS, Config, TinyVLM, encode  # noqa: E402
+from blocks import EOS, encode  # noqa: E402
+from model import Config, TinyVLM, prompt_tokens  # noqa: E402
 
 
 def llava_attention(model, it):
     """(layer -> (H, T, T) attention), answer start, cell -> position map for a tiny-vlm item."""
-    from train import prompt_tokens
-
     c = model.c
     n_patches = (c.image_size // c.patch_size) ** 2
     ids, slots = prompt_tokens(1, n_patches, it["context"], it["question"])

@@ -20,6 +20,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_pages  # noqa: E402
 import train_qwen2vl as T  # noqa: E402
+import trainer  # noqa: E402
 from qwen2vl import Config, TinyQwen2VL  # noqa: E402
 
 WHERE = ("cell", "same row", "other row", "text")
@@ -87,7 +88,7 @@ def main():
         sys.exit(f"probe_reading: {a.checkpoint}: not a tiny-qwen2vl checkpoint ({e})")
     if any(not 0 <= il < model.c.n_layer for il in layers):
         ap.error(f"--layers: 0 to {model.c.n_layer - 1}")
-    items = [gen_pages.item(T.EVAL_SEED + i, "qa") for i in range(a.items)]
+    items = [gen_pages.item(trainer.EVAL_SEED + i, "qa") for i in range(a.items)]
     where, right, total = probe(model, items, layers)
     exact = T.evaluate(model, items) / len(items)
     print(f"step {step}, {a.items} watch items: answer tokens {right / total:.1%} right (teacher-forced), greedy "

@@ -12,6 +12,9 @@
   rotated pairs (x[i], x[i + d/2]) split into sections of temporal / height / width positions (ggml's
   GGML_ROPE_TYPE_MROPE). An image's tokens share the temporal position pos_0 and have height pos_0 + row and
   width pos_0 + column; the image advances the position by max(rows, columns) (mtmd's MTMD_POS_TYPE_MROPE).
+The blocks, the character vocabulary and the text model around the layers are blocks.py's (tiny-vlm shares them);
+here are the configuration, the control tokens, the rotary positions, the vision tower, the K-bias initialisation,
+the row probe and the prompt.
 """
 
 import math
@@ -19,11 +22,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from model import CLIP_MEAN, CLIP_STD, N_BYTES, RMSNorm, attention, init_weights
-from model import VitBlock as LlavaVitBlock
-from model import vocab as char_vocab
+from blocks import BOS, N_BYTES, VLM, VisionTower, VitBlock, encode, init_weights, quick_gelu
+from blocks import vocab as char_vocab
 
 K_BIAS_NORM = 2.0
 ROW_PROBE_CHARS = 3  # the row probe reads this many characters from the start of a token's text line
@@ -90,45 +91,29 @@ def vision_angles(ph, pw, d, base):
     return torch.cat((pos[:, :1] * inv, pos[:, 1:] * inv), -1)
 
 
-class VitBlock(LlavaVitBlock):
-    """tiny-vlm's block with 2-D rotary positions and a quick-GELU MLP."""
+class Vision(VisionTower):
+    """Blocks with 2-D rotary positions and a quick-GELU MLP, then the merger."""
 
-    def forward(self, x, angle):
-        b, n, e = x.shape
-        h = self.ln1(x)
-        split = lambda t: t.view(b, n, self.n_head, e // self.n_head).transpose(1, 2)  # noqa: E731
-        q, k = rotate_half_pairs(split(self.q(h)), angle), rotate_half_pairs(split(self.k(h)), angle)
-        a = attention(q, k, split(self.v(h)))
-        x = x + self.o(a.transpose(1, 2).reshape(b, n, e))
-        u = self.up(self.ln2(x))
-        return x + self.down(u * torch.sigmoid(1.702 * u))  # quick GELU (clip.use_gelu false)
-
-
-class Vision(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.c = c
         self.patch = nn.Conv2d(3, c.v_embd, c.patch_size, c.patch_size, bias=False)
-        self.blocks = nn.ModuleList(VitBlock(c) for _ in range(c.v_block))
+        self.blocks = nn.ModuleList(VitBlock(c, quick_gelu) for _ in range(c.v_block))
         self.post_ln = nn.LayerNorm(c.v_embd, eps=c.v_eps)
         self.mm0 = nn.Linear(4 * c.v_embd, 4 * c.v_embd)
         self.mm2 = nn.Linear(4 * c.v_embd, c.n_embd)
-        self.register_buffer("mean", torch.tensor(CLIP_MEAN).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(CLIP_STD).view(1, 3, 1, 1), persistent=False)
 
     def forward(self, images):
         """images: uint8 (B, H, W, 3), H and W multiples of 2 x patch_size, all the same size -> (B, H*W/(4p^2),
         n_embd) image tokens in raster order of the merged grid."""
         c = self.c
-        x = (images.permute(0, 3, 1, 2).float() / 255.0 - self.mean) / self.std
-        x = self.patch(x)  # (B, E, ph, pw)
+        x = self.patch(self.pixels(images))  # (B, E, ph, pw)
         b, e, ph, pw = x.shape
         x = x.view(b, e, ph // 2, 2, pw // 2, 2).permute(0, 2, 4, 3, 5, 1).reshape(b, ph * pw, e)  # 2x2 groups
         angle = vision_angles(ph, pw, e // c.v_head, c.v_rope_base)[None, None]
         for blk in self.blocks:
-            x = blk(x, angle)
-        x = self.post_ln(x).reshape(b, ph * pw // 4, 4 * e)
-        return self.mm2(F.gelu(self.mm0(x), approximate="tanh"))
+            x = blk(x, lambda t: rotate_half_pairs(t, angle))
+        return self.project(self.post_ln(x).reshape(b, ph * pw // 4, 4 * e))
 
 
 # --- text --------------------------------------------------------------------------------------------------------
@@ -142,53 +127,15 @@ def mrope_angles(positions, d, base, sections):
     return padded[..., plane] * inv
 
 
-class Layer(nn.Module):
+def rotary(positions, c):
+    """The `rotate` of blocks.Layer for positions (B, T, 3) as (temporal, height, width)."""
+    angle = mrope_angles(positions.float(), c.n_embd // c.n_head, c.rope_base, c.rope_sections)[:, :, None]
+    return lambda x: rotate_half_pairs(x, angle)
+
+
+class TinyQwen2VL(VLM):
     def __init__(self, c):
-        super().__init__()
-        self.c = c
-        hd = c.n_embd // c.n_head
-        self.attn_norm = RMSNorm(c.n_embd, c.rms_eps)
-        self.wq = nn.Linear(c.n_embd, c.n_head * hd)
-        self.wk = nn.Linear(c.n_embd, c.n_head_kv * hd)
-        self.wv = nn.Linear(c.n_embd, c.n_head_kv * hd)
-        self.wo = nn.Linear(c.n_head * hd, c.n_embd, bias=False)
-        self.ffn_norm = RMSNorm(c.n_embd, c.rms_eps)
-        self.gate = nn.Linear(c.n_embd, c.n_ff, bias=False)
-        self.up = nn.Linear(c.n_embd, c.n_ff, bias=False)
-        self.down = nn.Linear(c.n_ff, c.n_embd, bias=False)
-
-    def kv(self, h, angle):
-        """Post-RoPE keys and values (B, H_kv, T, d) of the normed input h: what llama.cpp caches."""
-        c = self.c
-        b, t, _ = h.shape
-        hd = c.n_embd // c.n_head
-        k = rotate_half_pairs(self.wk(h).view(b, t, c.n_head_kv, hd), angle[:, :, None]).transpose(1, 2)
-        return k, self.wv(h).view(b, t, c.n_head_kv, hd).transpose(1, 2)
-
-    def forward(self, x, angle, mask, keep_probs=False, key_mask=None):
-        c = self.c
-        b, t, _ = x.shape
-        hd = c.n_embd // c.n_head
-        h = self.attn_norm(x)
-        q = rotate_half_pairs(self.wq(h).view(b, t, c.n_head, hd), angle[:, :, None]).transpose(1, 2)
-        k, v = self.kv(h, angle)
-        a, probs = attention(q, k, v, mask, keep_probs, key_mask) if keep_probs else \
-            (attention(q, k, v, mask, key_mask=key_mask), None)
-        x = x + self.wo(a.transpose(1, 2).reshape(b, t, -1))
-        h = self.ffn_norm(x)
-        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
-        return (x, probs) if keep_probs else x
-
-
-class TinyQwen2VL(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.c = c
-        self.vision = Vision(c)
-        self.tok = nn.Embedding(c.n_vocab, c.n_embd)
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c.n_layer))
-        self.norm = RMSNorm(c.n_embd, c.rms_eps)
-        self.out = nn.Linear(c.n_embd, c.n_vocab, bias=False)
+        super().__init__(c, Vision(c), qkv_bias=True)
         init_weights(self, c.n_layer, (nn.Linear, nn.Embedding, nn.Conv2d))
         # Real Qwen2 checkpoints have large k_proj biases, a shared direction in every key that makes keys
         # anisotropic (the ECOKV paper's Figure 1). Without RoPE it would not change attention at all (q.b is
@@ -198,20 +145,6 @@ class TinyQwen2VL(nn.Module):
         # Training-only (not exported), made last so the other parameters start as they did before it existed.
         self.row_probe = nn.Linear(c.n_embd, ROW_PROBE_CHARS * c.n_embd, bias=False)
 
-    def embed(self, tokens, feats, image_slots):
-        """Token embeddings with image tokens written over their placeholder slots; feats: list of (n, n_embd)
-        per image, image_slots: (batch row, first position) per image."""
-        x = self.tok(tokens)
-        if image_slots:
-            x = x.clone()
-            for f, (row, start) in zip(feats, image_slots):
-                x[row, start: start + f.shape[0]] = f
-        return x
-
-    def glyph_logits(self, feats):
-        """Training-only readout (not exported): image tokens scored against the character embeddings."""
-        return feats @ self.tok.weight.t()
-
     def row_logits(self, feats):
         """Training-only readout (not exported): (n, ROW_PROBE_CHARS, n_vocab), each image token's guess at the first
         characters of the text line of its row, scored against the character embeddings (held fixed: the probe
@@ -219,19 +152,8 @@ class TinyQwen2VL(nn.Module):
         return self.row_probe(feats).view(feats.shape[0], ROW_PROBE_CHARS, -1) @ self.tok.weight.detach().t()
 
     def forward(self, x, positions, probe_layers=(), key_masks=None):
-        """x (B, T, n_embd), positions (B, T, 3) -> logits (B, T, n_vocab) and {layer: attention probabilities
-        (B, H, T, T)} for probe_layers; key_masks: {layer: (B, H, T) added to every query's scores}."""
-        c = self.c
-        t = x.shape[1]
-        angle = mrope_angles(positions.float(), c.n_embd // c.n_head, c.rope_base, c.rope_sections)
-        mask = torch.full((t, t), float("-inf")).triu(1)
-        probs, key_masks = {}, key_masks or {}
-        for il, layer in enumerate(self.layers):
-            if il in probe_layers:
-                x, probs[il] = layer(x, angle, mask, True, key_masks.get(il))
-            else:
-                x = layer(x, angle, mask, key_mask=key_masks.get(il))
-        return self.out(self.norm(x)), probs
+        """x (B, T, n_embd), positions (B, T, 3) -> blocks.VLM.decode's (logits, {layer: probabilities})."""
+        return self.decode(x, rotary(positions, self.c), probe_layers, key_masks)
 
     @torch.no_grad()
     def cache(self, images, text):
@@ -240,16 +162,7 @@ class TinyQwen2VL(nn.Module):
         feats = [self.vision(torch.from_numpy(img[None]))[0] for img in images]
         ids, pos, slots, _ = prompt([(img.shape[0] // 8, img.shape[1] // 8) for img in images], text)
         x = self.embed(torch.tensor([ids]), feats, [(0, s) for s in slots])
-        c = self.c
-        angle = mrope_angles(torch.tensor([pos], dtype=torch.float32), c.n_embd // c.n_head, c.rope_base,
-                             c.rope_sections)
-        mask = torch.full((len(ids), len(ids)), float("-inf")).triu(1)
-        out = []
-        for layer in self.layers:
-            k, v = layer.kv(layer.attn_norm(x), angle)
-            out.append((k[0].numpy(), v[0].numpy()))
-            x = layer(x, angle, mask)
-        return out
+        return self.kv_cache(x, rotary(torch.tensor([pos]), self.c))
 
 
 # --- prompts -----------------------------------------------------------------------------------------------------
@@ -258,9 +171,7 @@ def prompt(grid_shapes, text):
     tokens, <|vision_end|> and "\\n", then text. grid_shapes: (rows, columns) of image tokens per image.
     Returns (ids with 0 in image slots, positions as (temporal, height, width) per token, image slot starts, the
     next position)."""
-    from model import encode
-
-    ids, pos, slots = [BOS_ID], [(0, 0, 0)], []
+    ids, pos, slots = [BOS], [(0, 0, 0)], []
     p = 1
     for rows, cols in grid_shapes:
         ids.append(VISION_START_ID)
@@ -282,6 +193,3 @@ def extend(ids, pos, next_pos, tokens):
         pos.append((next_pos, next_pos, next_pos))
         next_pos += 1
     return next_pos
-
-
-BOS_ID = 1

@@ -21,8 +21,7 @@ from checks import check, finish  # noqa: E402  (tests/vlm/checks.py)
 sys.path.insert(0, os.path.join(ROOT, "vlm"))
 import gen_pages  # noqa: E402
 import probe_reading as P  # noqa: E402
-import train_qwen2vl as T  # noqa: E402
-from model import encode  # noqa: E402
+from blocks import encode  # noqa: E402
 from qwen2vl import VISION_START_ID, Config, TinyQwen2VL, prompt, vocab  # noqa: E402
 
 # classify: a 10-column page of 30 cells; the answer's cell is 13 (row 1, column 3)

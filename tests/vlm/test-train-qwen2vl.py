@@ -25,9 +25,10 @@ except ImportError:
 from checks import check, finish  # noqa: E402  (tests/vlm/checks.py)
 sys.path.insert(0, os.path.join(sys.argv[1], "vlm"))
 import train_qwen2vl as T  # noqa: E402
-from model import attention, encode  # noqa: E402
-from train import open_log, resume  # noqa: E402
+import trainer  # noqa: E402
+from blocks import attention, encode  # noqa: E402
 from qwen2vl import Config, TinyQwen2VL, vocab  # noqa: E402
+from trainer import open_log, resume  # noqa: E402
 
 # attention with a key mask against a loop over heads, queries and keys
 torch.manual_seed(3)
@@ -52,12 +53,12 @@ check(torch.autograd.gradcheck(lambda a, b_, c: attention(a, b_, c, causal.doubl
                                (qd, kd, vd)), "its gradients (the mask is added in place) pass gradcheck")
 
 # the blinding schedule: the share of the last --blind-from step reached, none before the first
-schedule = T.blind_schedule("0.5,0.75", "1000,3000")
-check([T.blind_at(s, schedule) for s in (0, 999, 1000, 2999, 3000, 8000)] == [0.0, 0.0, 0.5, 0.5, 0.75, 0.75],
+schedule = trainer.blind_schedule("0.5,0.75", "1000,3000")
+check([trainer.blind_at(s, schedule) for s in (0, 999, 1000, 2999, 3000, 8000)] == [0.0, 0.0, 0.5, 0.5, 0.75, 0.75],
       "--blind 0.5,0.75 --blind-from 1000,3000: none, 0.5 from 1000, 0.75 from 3000")
 for shares, steps in (("0.5", "1000,3000"), ("1.5", "1000"), ("0.5,0.6", "3000,1000"), ("x", "1")):
     try:
-        T.blind_schedule(shares, steps)
+        trainer.blind_schedule(shares, steps)
         check(False, f"--blind {shares} --blind-from {steps} is refused")
     except ValueError as e:
         check("one share (0 to 1) for each step" in str(e) or "steps increasing" in str(e),
