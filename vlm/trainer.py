@@ -238,9 +238,7 @@ def sum_gradients(model, world):
 
 def launch(args, train):
     """train(rank, args) in this process for one worker, else in args.workers child processes, supervised: a SIGTERM
-    or SIGINT is passed on to them (they stop after the same step and worker 0 saves). If one dies, the others are
-    killed at once rather than left waiting out gloo's timeout in a collective; the last checkpoint is intact (it is
-    written atomically)."""
+    or SIGINT is passed on to them (they stop after the same step and worker 0 saves)."""
     if args.workers == 1:
         return train(0, args)
     args.rendezvous = os.path.join(args.run, "workers.rendezvous")
@@ -258,20 +256,29 @@ def launch(args, train):
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    while True:
-        failed = [rank for rank, p in enumerate(workers) if p.exitcode not in (None, 0)]
+    supervise(workers)
+
+
+def supervise(workers):
+    """Waits for the worker processes. If one dies, the others are killed at once rather than left waiting out
+    gloo's timeout in a collective; the last checkpoint is intact (it is written atomically)."""
+    running = list(workers)
+    while running:
+        # Waits on every worker not yet reaped and reaps before reading exit codes: a worker that exits between an
+        # is_alive() look and the wait, or is read before the kernel has reaped it, would otherwise be missed and
+        # the supervisor would wait forever (seen in 2-worker runs of 3 steps and in the test's failing worker).
+        ready = multiprocessing.connection.wait([p.sentinel for p in running])
+        done = [p for p in running if p.sentinel in ready]
+        for p in done:
+            p.join()
+        running = [p for p in running if p not in done]
+        failed = [workers.index(p) for p in done if p.exitcode != 0]
         if failed:
-            for p in workers:
-                if p.is_alive():
-                    p.kill()
+            for p in running:
+                p.kill()
             sys.exit(f"{os.path.basename(sys.argv[0])}: worker {failed[0]} failed (exit code "
                      f"{workers[failed[0]].exitcode}); the others were stopped; rerun the same command to resume from "
                      "the last checkpoint")
-        alive = [p.sentinel for p in workers if p.is_alive()]
-        if not alive:
-            return
-        # One list for the wait: built anew from is_alive() it could come out empty, and wait([]) never returns.
-        multiprocessing.connection.wait(alive)
 
 
 # --- checkpoints and the log ---------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tiny-qwen2vl's training (vlm/train_qwen2vl.py).
+"""tiny-qwen2vl's training (vlm/train_qwen2vl.py) and the machinery it shares with tiny-vlm's (vlm/trainer.py).
 - Blinding (--blind): the schedule's share at each step; the items of a step do not depend on it; a blind (layer, KV group) gives its query heads
   exactly zero attention on the item's answer cells, leaves every other head, layer and item as without it, and
   drops its pointer head from the pointer loss; attention with a key mask equals a per-head softmax written out by
@@ -9,12 +9,20 @@
 - Resuming drops log rows past the checkpoint's step.
 - Resuming a checkpoint saved before a training-only module existed: the other parameters and their optimizer
   state come back by name, the new module starts without state; a checkpoint missing anything else is refused.
+- trainer.py: the learning rate's warmup and cosine; greedy decoding stops each row at its EOS or at max_new and
+  extends the prompts in place; the watch set is decoded in batches of one image count with the model in eval mode;
+  tiny-vlm's trainer (vlm/train.py, tested nowhere else) run 3 steps equals 2 steps, a stop and a resumed third, bit
+  for bit, and logs each watched step once; a failing worker stops the others at once, finishing workers end the run.
 Needs torch (scripts/setup.sh --training); exits 77 (skipped) without it. Usage: test-train-qwen2vl.py ROOT"""
 
+import argparse
 import math
 import os
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 
 try:
     import torch
@@ -23,10 +31,14 @@ except ImportError:
     sys.exit(77)
 
 from checks import check, finish  # noqa: E402  (tests/vlm/checks.py)
-sys.path.insert(0, os.path.join(sys.argv[1], "vlm"))
+VLM = os.path.join(sys.argv[1], "vlm")
+sys.path.insert(0, VLM)
+import train as V  # noqa: E402
 import train_qwen2vl as T  # noqa: E402
 import trainer  # noqa: E402
-from blocks import attention, encode  # noqa: E402
+from blocks import BOS, EOS, attention, encode  # noqa: E402
+from blocks import vocab as char_vocab  # noqa: E402
+from model import Config as VlmConfig, TinyVLM  # noqa: E402
 from qwen2vl import Config, TinyQwen2VL, vocab  # noqa: E402
 from trainer import open_log, resume  # noqa: E402
 
@@ -177,5 +189,102 @@ with tempfile.TemporaryDirectory() as run:
     check([ln.split(",")[:2] for ln in lines] == [["step", "seconds"], ["250", "25"], ["500", "50"], ["750", "99"]],
           f"the row of step 750 is replaced, not repeated: {lines}")
     check(os.listdir(run) == ["log.csv"], "no temporary file left")
+
+# the learning rate: linear warmup to --lr over --warmup steps, then a cosine to a tenth of it at --steps
+sched = argparse.Namespace(lr=1.0, warmup=10, steps=110)
+lrs = [trainer.lr_at(s, sched) for s in (0, 9, 10, 60, 110, 200)]
+check(all(abs(a - b) < 1e-12 for a, b in zip(lrs, [0.1, 1.0, 1.0, 0.55, 0.1, 0.1])), f"warmup, cosine, floor: {lrs}")
+
+# greedy decoding against a scripted model: row 0 says "AB", row 1 "C", row 2 never stops
+A, B, C = encode("ABC")
+script = [[A, B, EOS], [C, EOS], [A] * 20]
+prompts = [[BOS, 5], [BOS], [BOS, 5, 6]]
+starts, calls = [len(p) for p in prompts], []
+
+
+def scripted(tokens):
+    calls.append(tokens.shape[1] == max(map(len, prompts)) and
+                 all(bool((tokens[r, len(p):] == EOS).all()) for r, p in enumerate(prompts)))
+    out = torch.zeros(*tokens.shape, len(vocab()[0]))
+    for r, p in enumerate(prompts):
+        out[r, len(p) - 1, script[r][len(p) - starts[r]]] = 1.0
+    return out
+
+
+check(trainer.greedy_answers(prompts, scripted, max_new=5) == ["AB", "C", "AAAAA"], "greedy answers up to EOS or max_new")
+check(prompts == [[BOS, 5, A, B], [BOS, C], [BOS, 5, 6] + [A] * 5], "the prompts are extended by the answers, no EOS")
+check(len(calls) == 5 and all(calls), "one call per new token, each on the prompts padded with EOS to the longest")
+
+# the watch set: batches of at most 4, split by image count, the model in eval mode while decoding
+counts, right = [1, 3, 1, 1, 3, 1, 1], [True, False, True, True, True, False, True]
+items = [{"images": [None] * n, "answer": "x", "say": "x" if ok else "y", "id": i}
+         for i, (n, ok) in enumerate(zip(counts, right))]
+probe, decoded = torch.nn.Linear(1, 1), []
+
+
+def say(model, sub):
+    decoded.append(([it["id"] for it in sub], model.training))
+    return [it["say"] for it in sub]
+
+
+check(trainer.exact_matches(probe, items, say, 4) == 5, "exact matches counted")
+check(decoded == [([0, 2, 3], False), ([1], False), ([5, 6], False), ([4], False)], f"decoded as {decoded}")
+check(probe.training, "the model is back in training mode")
+
+
+# tiny-vlm's trainer: resuming continues the run exactly (the learning rate before --warmup ignores --steps)
+def tiny_vlm(run, steps):
+    sys.argv = ["train.py", "--run", run, "--steps", str(steps), "--batch", "2", "--seed", "1000003", "--threads", "1",
+                "--eval-items", "2", "--eval-every", "2", "--save-every", "2"]
+    V.main()
+    with open(os.path.join(run, "log.csv")) as f:
+        steps_logged = [line.split(",")[0] for line in f.read().splitlines()[1:]]
+    return torch.load(os.path.join(run, "ckpt.pt")), steps_logged
+
+
+def same(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+with tempfile.TemporaryDirectory() as d:
+    (straight, log_a), _ = tiny_vlm(os.path.join(d, "a"), 3), tiny_vlm(os.path.join(d, "b"), 2)
+    resumed, log_b = tiny_vlm(os.path.join(d, "b"), 3)
+torch.manual_seed(1000003)
+init = TinyVLM(VlmConfig(n_vocab=len(char_vocab()[0]))).state_dict()
+check(straight["step"] == resumed["step"] == 3 and log_a == log_b == ["2", "3"], f"3 steps, watched at 2 and 3: {log_b}")
+check(same(straight["model"], resumed["model"]) and same(straight["opt"], resumed["opt"]),
+      "3 steps equal 2 steps and a resumed third: parameters and optimizer state, bit for bit")
+check(not same(init, straight["model"]), "and the steps moved the parameters from the seed's initial ones")
+
+# workers (a stand-in for train(rank, args)): one that fails stops the others at once; finishing ones end the run
+with tempfile.TemporaryDirectory() as d:
+    with open(os.path.join(d, "stand_in.py"), "w") as f:
+        f.write("import sys, time\n\n\ndef train(rank, args):\n    if rank == args.fail:\n        sys.exit(3)\n"
+                "    time.sleep(args.sleep)\n")
+    code = ("import argparse, sys; sys.path[:0] = sys.argv[1:3]; import stand_in, trainer; trainer.launch(argparse."
+            "Namespace(workers=3, run=sys.argv[2], fail=int(sys.argv[3]), sleep=float(sys.argv[4])), stand_in.train)")
+
+    def launch(fail, sleep):
+        """(exit status or None after 60 s, stderr, seconds); the stand-ins go with the command on a timeout."""
+        t0 = time.time()
+        proc = subprocess.Popen([sys.executable, "-c", code, VLM, d, str(fail), str(sleep)], stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        try:
+            err = proc.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return None, proc.communicate()[1], time.time() - t0
+        return proc.returncode, err, time.time() - t0
+
+    # Each 5 times: a supervisor that missed a worker's exit waited forever (1 run in 3 to 8, before the fix).
+    failing = [launch(1, 600) for _ in range(5)]
+    check(all(rc == 1 and "worker 1 failed (exit code 3)" in err and took < 60 for rc, err, took in failing),
+          f"a failing worker stops the run at once (5 runs): {[(rc, round(took)) for rc, _, took in failing]}")
+    finishing = [launch(-1, 0) for _ in range(5)]
+    check(all(r[0] == 0 for r in finishing), f"workers finishing at once end the run (5 runs): {[r[0] for r in finishing]}")
 
 finish()
