@@ -124,14 +124,6 @@ std::string quoted_value(const option_value & v) {
     return "'" + (t.size() > 64 ? t.substr(0, 64) + "..." : t) + "'";
 }
 
-std::string or_list(const std::vector<std::string_view> & words) {
-    std::string out;
-    for (size_t i = 0; i < words.size(); ++i) {
-        out += (i == 0 ? "" : i + 1 == words.size() ? " or " : ", ") + std::string(words[i]);
-    }
-    return out;
-}
-
 std::string name_of(const option_spec & o) { return "--" + o.flag(); }
 
 // Text parsed whole as the row's kind; numbers checked for the kind. Throws option_error.
@@ -140,14 +132,21 @@ option_value converted(const option_spec & o, const option_value & v) {
     if (o.kind == choice || o.kind == method || o.kind == path) {
         if (text == nullptr || text->empty()) {
             throw option_error(std::string(o.key), name_of(o) + " must be " +
-                                                       (o.kind == choice ? or_list(o.choices) : "a non-empty string"));
+                                                       (o.kind == choice ? choices_text(o) : "a non-empty string"));
         }
         if (o.kind == choice && std::find(o.choices.begin(), o.choices.end(), *text) == o.choices.end()) {
-            throw option_error(std::string(o.key), name_of(o) + " must be " + or_list(o.choices) + ", not " + quoted_value(v));
+            throw option_error(std::string(o.key), name_of(o) + " must be " + choices_text(o) + ", not " + quoted_value(v));
         }
         return v;
     }
     double x = 0;
+    if (text != nullptr && o.kind == integer && !text->empty()) {  // exact, beyond a double's 53 bits too
+        int64_t    i = 0;
+        const auto r = std::from_chars(text->data(), text->data() + text->size(), i);
+        if (r.ec == std::errc() && r.ptr == text->data() + text->size()) {
+            return i;
+        }
+    }
     if (text != nullptr) {
         const char * end = text->data() + text->size();
         const auto   r   = std::from_chars(text->data(), end, x);
@@ -196,6 +195,14 @@ void check_range(const option_spec & o, const option_value & v) {
 }
 
 }  // namespace
+
+std::string choices_text(const option_spec & o) {
+    std::string out;
+    for (size_t i = 0; i < o.choices.size(); ++i) {
+        out += (i == 0 ? "" : i + 1 == o.choices.size() ? " or " : ", ") + std::string(o.choices[i]);
+    }
+    return out;
+}
 
 option_value checked_value(const option_spec & o, const option_value & value) {
     const option_value v = converted(o, value);

@@ -36,7 +36,7 @@ TEST(options, text_and_numbers_set_the_method_parameters) {
     ecokv::set_option(c, "ecokv_weights", std::string("figure3"));
     ecokv::set_option(c, "merge", std::string("pivot"));
     ecokv::set_option(c, "sinks", int64_t(2));
-    ecokv::set_option(c, "seed", std::string("12345678901"));
+    ecokv::set_option(c, "seed", std::string("9007199254740993"));  // 2^53 + 1: no double holds it
     ecokv::set_option(c, "chunk", 96.0);  // a whole JSON float is a whole number
     EXPECT_EQ(c.spec.name(), "pyramidkv+mixkv");
     EXPECT_EQ(c.params.budget, 40);
@@ -50,7 +50,7 @@ TEST(options, text_and_numbers_set_the_method_parameters) {
     EXPECT_EQ(c.params.ecokv_weights, ecokv::ecokv_weights_kind::figure3);
     EXPECT_EQ(c.params.merge, ecokv::merge_kind::pivot);
     EXPECT_EQ(c.params.n_sink, 2);
-    EXPECT_EQ(c.params.seed, 12345678901ull);
+    EXPECT_EQ(c.params.seed, 9007199254740993ull);
     EXPECT_EQ(c.chunk, 96);
     EXPECT_NO_THROW(c.validate());
 }

@@ -90,6 +90,9 @@ struct option_spec {
     std::string flag() const;  // "floor-ratio"
 };
 
+// A choice row's choices as the help and errors list them: "avg or max", "on, off or auto".
+std::string choices_text(const option_spec & o);
+
 // `value` converted to the option's kind (text parsed whole: "64", "0.8") and checked against its range or
 // choices; throws option_error naming the option.
 option_value checked_value(const option_spec & o, const option_value & value);

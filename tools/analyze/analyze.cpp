@@ -210,7 +210,7 @@ int ecokv_analyze(int argc, char ** argv) {
 #ifdef ECOKV_HAVE_LLAMA
             std::vector<std::string> model_flags = { "model", "mmproj", "image", "prompt", "file", "question" };
             for (const ecokv::llama::engine_option & e : ecokv::llama::engine_options()) {
-                if (e.short_name != 't') {  // threads also serve the analysis of a capture
+                if (e.key != "threads") {  // threads also serve the analysis of a capture
                     model_flags.push_back(e.flag());
                 }
             }

@@ -32,10 +32,7 @@ void add_flag(cxxopts::Options & options, const std::string & group, const optio
               const std::string & default_text) {
     std::string help(o.help);
     if (!o.choices.empty()) {
-        help += ": ";
-        for (size_t i = 0; i < o.choices.size(); ++i) {
-            help += (i ? i + 1 == o.choices.size() ? " or " : ", " : "") + std::string(o.choices[i]);
-        }
+        help += ": " + choices_text(o);
     }
     if (!o.unset.empty()) {
         help += " (default: " + std::string(o.unset) + ")";
