@@ -20,7 +20,7 @@ namespace {
 
 uint64_t entry_bytes(const capture_view & cap) {
     const head_view h = cap.head(0, 0);
-    return uint64_t(cap.head_dim) * dtype_size(h.keys.type) + uint64_t(cap.head_dim_v) * dtype_size(h.values.type);
+    return uint64_t(h.keys.row_bytes()) + uint64_t(h.values.row_bytes());
 }
 
 // One compression run: the validated method and its per-head state.

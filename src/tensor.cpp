@@ -18,6 +18,7 @@ size_t dtype_size(dtype type) {
         case dtype::f32: return 4;
         case dtype::f16: return 2;
         case dtype::u8:  return 1;
+        case dtype::encoded: break;  // a row's size is its codec's
     }
     ECOKV_ASSERT(false);
 }
@@ -27,6 +28,7 @@ std::string_view dtype_name(dtype type) {
         case dtype::f32: return "F32";
         case dtype::f16: return "F16";
         case dtype::u8:  return "U8";
+        case dtype::encoded: return "ENCODED";
     }
     ECOKV_ASSERT(false);
 }
@@ -65,6 +67,10 @@ uint16_t f32_to_f16(float f) {
     const uint32_t rebased = absx - (112u << 23);
     const uint32_t rounded = rebased + 0xfffu + ((rebased >> 13) & 1u);
     return uint16_t(sign | (rounded >> 13));
+}
+
+size_t tensor_view::row_bytes() const {
+    return type == dtype::encoded ? codec->row_bytes(ne[0]) : size_t(ne[0]) * dtype_size(type);
 }
 
 tensor_view tensor_view::packed(const void * data, dtype type, std::initializer_list<int64_t> shape) {
@@ -129,6 +135,9 @@ void tensor_view::row_f32(int64_t i1, int64_t i2, float * out) const {
             }
             return;
         }
+        case dtype::encoded:
+            codec->to_f32(src, out, ne[0]);
+            return;
     }
 }
 

@@ -5,6 +5,7 @@
 // the raw safetensors writer, elements decoded by half_value.
 #include "ecokv/ecokv.h"
 
+#include "test-capture-util.h"
 #include "test-io-util.h"
 #include "test-util.h"
 
@@ -404,6 +405,78 @@ TEST(capture, write_capture_refuses_an_invalid_view) {
     expect_error([&] { ecokv::write_capture(path, v); }, { "n_kv_heads 3" });
     EXPECT_FALSE(fs::exists(path));
     EXPECT_TRUE(dir.list().empty());
+}
+
+// An engine's encoded K/V rows (tests/test-capture-util.h's codec): validated as whole blocks, checked for NaN row
+// by row, written decoded as F32; queries may not be encoded.
+ecokv::synth_params whole_blocks() {  // head dims of whole 16-element blocks
+    ecokv::synth_params p = small_params();
+    p.head_dim = p.head_dim_v = 2 * k_block;
+    return p;
+}
+
+struct encoded_capture {
+    ecokv::owned_capture        cap = ecokv::make_synth_capture(whole_blocks());
+    std::vector<encoded_tensor> store;
+    ecokv::capture_view         view = cap.view();
+
+    encoded_capture() {
+        store.reserve(size_t(view.n_layers) * 2);
+        for (auto & l : view.layers) {
+            l.keys   = encoded_view(store.emplace_back(encode(l.keys)), l.keys);
+            l.values = encoded_view(store.emplace_back(encode(l.values)), l.values);
+        }
+    }
+};
+
+TEST(capture, encoded_rows_are_validated_decoded_and_written_as_f32) {
+    encoded_capture e;
+    EXPECT_NO_THROW(e.view.validate());
+    EXPECT_NO_THROW(e.view.check_finite());
+    EXPECT_EQ(e.view.layers[0].keys.row_bytes(), k_block_bytes * size_t(e.view.head_dim / k_block));
+    temp_dir          dir;
+    const std::string path = dir / "encoded.safetensors";
+    ecokv::write_capture(path, e.view);
+    const ecokv::capture_file f = ecokv::capture_file::open(path);
+    const ecokv::tensor_view & k = f.view().layers[1].keys;
+    ASSERT_EQ(k.type, ecokv::dtype::f32);
+    const std::vector<float> & want = e.store[2].decoded;  // layer 1's keys, packed [n_kv][n_tokens][head_dim]
+    std::vector<float>         row(size_t(k.ne[0]));
+    for (int64_t g = 0; g < k.ne[2]; ++g) {
+        for (int64_t t = 0; t < k.ne[1]; ++t) {
+            k.row_f32(t, g, row.data());
+            for (int64_t i = 0; i < k.ne[0]; ++i) {
+                ASSERT_EQ(row[i], want[size_t((g * k.ne[1] + t) * k.ne[0] + i)]) << g << "," << t << "," << i;
+            }
+        }
+    }
+}
+
+TEST(capture, bad_encoded_rows_are_refused) {
+    {
+        encoded_capture e;
+        e.view.layers[0].queries = encoded_view(e.store[0], e.view.layers[0].queries);
+        expect_error([&] { e.view.validate(); }, { "layers.0.queries", "encoded" });
+    }
+    {
+        encoded_capture e;
+        e.view.layers[1].values.codec = nullptr;
+        expect_error([&] { e.view.validate(); }, { "layers.1.values", "blocks" });
+    }
+    {
+        encoded_capture    e;  // a block longer than the rows
+        ecokv::row_codec   wide = k_codec;
+        wide.block_size         = 2 * e.view.head_dim;
+        e.view.layers[0].keys.codec = &wide;
+        expect_error([&] { e.view.validate(); }, { "layers.0.keys", "test8 blocks" });
+    }
+    {
+        encoded_capture e;  // a NaN scale in layer 1, KV head 1, token 5
+        const float     nan = std::numeric_limits<float>::quiet_NaN();
+        auto &          kb  = e.store[3].blocks;
+        std::memcpy(kb.data() + (size_t(e.view.n_tokens) + 5) * e.view.layers[1].values.row_bytes(), &nan, sizeof nan);
+        expect_error([&] { e.view.check_finite(); }, { "layers.1.values", "NaN" });
+    }
 }
 
 }  // namespace

@@ -2,10 +2,13 @@
 // covered here as soon as it is registered.
 #include "ecokv/ecokv.h"
 #include "method-impl.h"
+#include "test-capture-util.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -195,6 +198,37 @@ TEST_P(methods, per_head_tokens_holding_every_token_change_nothing) {
         }
         EXPECT_EQ(got.kv_bytes_full, want.kv_bytes_full);
     }
+}
+
+// Keys and values an engine stores encoded select exactly as their decoded values do (SPEC's methods applied to
+// what the cache holds); the bytes counted are the encoded rows'.
+TEST_P(methods, encoded_rows_select_as_their_decoded_values) {
+    const ecokv::capture_view & cap = capture().view();
+    ecokv::capture_view         enc = cap, dec = cap;
+    std::vector<ecokv::test::encoded_tensor> store;
+    store.reserve(size_t(cap.n_layers) * 2);
+    for (int32_t il = 0; il < cap.n_layers; ++il) {
+        for (const bool is_v : { false, true }) {
+            const ecokv::tensor_view & src = is_v ? cap.layers[il].values : cap.layers[il].keys;
+            const auto &               e   = store.emplace_back(ecokv::test::encode(src));
+            (is_v ? enc.layers[il].values : enc.layers[il].keys) = ecokv::test::encoded_view(e, src);
+            (is_v ? dec.layers[il].values : dec.layers[il].keys) =
+                ecokv::tensor_view::packed(e.decoded.data(), ecokv::dtype::f32, { src.ne[2], src.ne[1], src.ne[0] });
+        }
+    }
+    const auto p    = params(48);
+    const auto got  = ecokv::compress(enc, spec(), p);
+    const auto want = ecokv::compress(dec, spec(), p);
+    for (size_t il = 0; il < want.layers.size(); ++il) {
+        for (size_t ig = 0; ig < want.layers[il].size(); ++ig) {
+            EXPECT_EQ(got.layers[il][ig].kept, want.layers[il][ig].kept) << il << "/" << ig;
+            EXPECT_EQ(got.layers[il][ig].keys, want.layers[il][ig].keys);
+            EXPECT_EQ(got.layers[il][ig].values, want.layers[il][ig].values);
+        }
+    }
+    // an entry: K and V rows of one 16-element block each, 20 bytes apiece
+    EXPECT_EQ(got.kv_bytes_full, uint64_t(k_layers) * k_kv_heads * k_tokens * 40);
+    EXPECT_EQ(got.kv_bytes_kept, uint64_t(got.n_kept()) * 40);
 }
 
 // Rows `tokens` of slice `slice` of `v`, packed as F32 [1][n][ne0] in `store`.

@@ -20,8 +20,18 @@ template <auto M> void set_int(const engine_option &, session_options & o, const
 // llama.cpp's flash-attention values, in the order of the row's choices.
 constexpr llama_flash_attn_type k_flash[] = { LLAMA_FLASH_ATTN_TYPE_ENABLED, LLAMA_FLASH_ATTN_TYPE_DISABLED,
                                               LLAMA_FLASH_ATTN_TYPE_AUTO };
-// The cache types ecokv's ragged store takes (kv-store.cpp), in the order of the rows' choices.
-constexpr ggml_type k_cache_types[] = { GGML_TYPE_F16, GGML_TYPE_F32 };
+// llama.cpp's KV cache types, in its order (common/arg.cpp) and the order of the rows' choices.
+constexpr ggml_type k_cache_types[] = { GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
+                                        GGML_TYPE_Q4_1, GGML_TYPE_IQ4_NL, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1 };
+
+// Their names as llama.cpp parses them: ggml's ("q8_0").
+std::vector<std::string_view> cache_type_names() {
+    std::vector<std::string_view> names;
+    for (const ggml_type t : k_cache_types) {
+        names.emplace_back(ggml_type_name(t));
+    }
+    return names;
+}
 
 template <class E, size_t N> size_t index_of(const E (&values)[N], E v) {
     return size_t(std::find(values, values + N, v) - values);
@@ -59,9 +69,10 @@ const std::vector<engine_option> & table() {
           "-ub", unless_default, get_int<&session_options::n_ubatch>, set_int<&session_options::n_ubatch> },
         { { "flash_attn", 0, choice, 0, 0, false, { "on", "off", "auto" }, "", "flash attention" },
           "-fa", unless_default, get_flash, set_flash },
-        { { "cache_type_k", 0, choice, 0, 0, false, { "f16", "f32" }, "", "KV cache type of K" },
+        { { "cache_type_k", 0, choice, 0, 0, false, cache_type_names(), "", "KV cache type of K" },
           "-ctk", unless_default, get_type<&session_options::type_k>, set_type<&session_options::type_k> },
-        { { "cache_type_v", 0, choice, 0, 0, false, { "f16", "f32" }, "", "KV cache type of V" },
+        { { "cache_type_v", 0, choice, 0, 0, false, cache_type_names(), "",
+            "KV cache type of V (a quantized type needs flash attention)" },
           "-ctv", unless_default, get_type<&session_options::type_v>, set_type<&session_options::type_v> },
         { { "image_max_tokens", 0, integer, 0, 1 << 20, false, {}, "",
             "resize each image to at most N tokens (dynamic-resolution projectors such as Qwen2-VL; 0: the "
@@ -75,6 +86,8 @@ const std::vector<engine_option> & table() {
 }  // namespace
 
 std::span<const engine_option> engine_options() { return table(); }
+
+std::span<const ggml_type> cache_types() { return k_cache_types; }
 
 namespace {
 

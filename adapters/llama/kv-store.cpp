@@ -1,25 +1,51 @@
 #include "kv-store.h"
 
 #include "ecokv/error.h"
+#include "ecokv/llama-options.h"
 
 #include <ggml-backend.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 
 namespace ecokv::llama {
 
 namespace {
 
-dtype cache_dtype(ggml_type t) {
-    if (t == GGML_TYPE_F32) {
-        return dtype::f32;
+// How rows of a ggml type are viewed: F32 and F16 as themselves, every other type the ragged store takes
+// (bf16 and the quantized types llama.cpp offers for KV caches) as encoded rows that ggml's type traits decode.
+struct row_format {
+    dtype             type  = dtype::f32;
+    const row_codec * codec = nullptr;
+
+    size_t row_bytes(int64_t n) const { return codec ? codec->row_bytes(n) : size_t(n) * dtype_size(type); }
+};
+
+const row_codec * codec_of(ggml_type t) {
+    static const std::map<ggml_type, row_codec> codecs = [] {
+        std::map<ggml_type, row_codec> m;
+        for (const ggml_type q : cache_types()) {
+            if (q != GGML_TYPE_F32 && q != GGML_TYPE_F16) {
+                const ggml_type_traits * tr = ggml_get_type_traits(q);
+                m[q] = { tr->type_name, tr->blck_size, tr->type_size, tr->to_float };
+            }
+        }
+        return m;
+    }();
+    const auto it = codecs.find(t);
+    return it == codecs.end() ? nullptr : &it->second;
+}
+
+row_format cache_format(ggml_type t) {
+    if (t == GGML_TYPE_F32 || t == GGML_TYPE_F16) {
+        return { t == GGML_TYPE_F32 ? dtype::f32 : dtype::f16, nullptr };
     }
-    if (t == GGML_TYPE_F16) {
-        return dtype::f16;
+    if (const row_codec * c = codec_of(t)) {
+        return { dtype::encoded, c };
     }
-    throw error(std::string("KV cache type ") + ggml_type_name(t) +
-                " is not supported yet (use an F16 or F32 cache: --cache-type-k/--cache-type-v f16)");
+    throw error(std::string("KV cache type ") + ggml_type_name(t) + " is not one ecokv can compress");
 }
 
 ggml_tensor * store(const llama_context * ctx, int32_t il, bool v) {
@@ -31,12 +57,13 @@ ggml_tensor * store(const llama_context * ctx, int32_t il, bool v) {
 }
 
 // A [n_kv_heads, n_cells, head_dim] view of rows of n_kv_heads * head_dim elements, one per cell, at `data`.
-tensor_view cell_rows(const void * data, dtype type, int32_t n_kv, int32_t n_cells, int32_t head_dim, size_t row) {
+tensor_view cell_rows(const void * data, row_format f, int32_t n_kv, int32_t n_cells, int32_t head_dim, size_t row) {
     tensor_view v;
-    v.data = data;
-    v.type = type;
-    v.ne   = { head_dim, n_cells, n_kv, 1 };
-    v.nb   = { dtype_size(type), row, size_t(head_dim) * dtype_size(type), 0 };
+    v.data  = data;
+    v.type  = f.type;
+    v.codec = f.codec;
+    v.ne    = { head_dim, n_cells, n_kv, 1 };
+    v.nb    = { f.codec ? 0 : dtype_size(f.type), row, f.row_bytes(head_dim), 0 };
     return v;
 }
 
@@ -49,11 +76,9 @@ std::vector<uint8_t> gather(const tensor_view & src, int64_t g, const std::vecto
     for (size_t i = 0; i < kept.size(); ++i) {
         uint8_t * dst = out.data() + i * row;
         if (rewritten.empty()) {
-            std::memcpy(dst, src.row(kept[i], g), row);
-        } else if (type == GGML_TYPE_F32) {
-            std::memcpy(dst, rewritten.data() + i * dim, row);
+            std::memcpy(dst, src.row(kept[i], g), row);  // whole blocks of an encoded row, as stored
         } else {
-            ggml_fp32_to_fp16_row(rewritten.data() + i * dim, reinterpret_cast<ggml_fp16_t *>(dst), int64_t(dim));
+            ggml_quantize_chunk(type, rewritten.data() + i * dim, dst, 0, 1, int64_t(dim), nullptr);
         }
     }
     return out;
@@ -86,7 +111,36 @@ bool fill_layer(int32_t il, ggml_tensor * k, ggml_tensor * v, void * user_data) 
     }
 }
 
+// Elements per K (or V) head: GGUF's <arch>.attention.key_length (value_length), n_embd / n_head without it.
+int32_t head_dim(const llama_model * model, bool v) {
+    char arch[64] = {}, dim[32] = {};
+    if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch) > 0 &&
+        llama_model_meta_val_str(model, (std::string(arch) + (v ? ".attention.value_length" : ".attention.key_length")).c_str(),
+                                 dim, sizeof dim) > 0) {
+        return int32_t(std::strtol(dim, nullptr, 10));
+    }
+    return llama_model_n_embd(model) / llama_model_n_head(model);
+}
+
 }  // namespace
+
+void check_cache_types(const llama_model * model, const session_options & o) {
+    for (const bool is_v : { false, true }) {
+        const ggml_type  t    = is_v ? o.type_v : o.type_k;
+        const char *     flag = is_v ? "--cache-type-v " : "--cache-type-k ";
+        const row_format f    = cache_format(t);
+        if (is_v && ggml_is_quantized(t) && o.flash_attn == LLAMA_FLASH_ATTN_TYPE_DISABLED) {
+            throw error(flag + std::string(ggml_type_name(t)) +
+                        ": a quantized V cache needs flash attention (-fa on or auto), as in llama.cpp");
+        }
+        const int32_t n_embd = head_dim(model, is_v);
+        if (f.codec && n_embd % f.codec->block_size != 0) {
+            throw error(flag + std::string(ggml_type_name(t)) + " stores blocks of " +
+                        std::to_string(f.codec->block_size) + " elements; this model's " + (is_v ? "V" : "K") +
+                        " heads have " + std::to_string(n_embd) + " (use f16, f32 or bf16)");
+        }
+    }
+}
 
 std::vector<uint8_t> read_sequence(llama_context * ctx, llama_seq_id seq) {
     std::vector<uint8_t> bytes(llama_state_seq_get_size(ctx, seq));
@@ -137,13 +191,13 @@ cache_views::cache_views(const llama_context * ctx, int32_t n_cells) {
             if (t->ne[0] % n_kv != 0 || n_cells > t->ne[1]) {
                 throw error("unexpected KV store shape in layer " + std::to_string(il));
             }
-            const dtype  type = cache_dtype(t->type);
-            const size_t el   = dtype_size(type);
-            const size_t row  = t->nb[1];  // one cell: every head
+            const row_format f   = cache_format(t->type);
+            const size_t     row = t->nb[1];  // one cell: every head
             const void * data = t->data;
             const bool   host = t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer);
-            if (is_v && layout == 1) {  // [n_embd][n_cells_total]: gather each cell's row
-                auto & copy = owned_.emplace_back(row * n_cells);
+            if (is_v && layout == 1) {  // [n_embd][n_cells_total]: gather each cell's row (F16 or F32 only)
+                const size_t el   = dtype_size(f.type);
+                auto &       copy = owned_.emplace_back(row * n_cells);
                 std::vector<uint8_t> column(size_t(t->ne[1]) * el);
                 for (int64_t j = 0; j < t->ne[0]; ++j) {
                     ggml_backend_tensor_get(const_cast<ggml_tensor *>(t), column.data(), size_t(j) * t->ne[1] * el, column.size());
@@ -157,7 +211,7 @@ cache_views::cache_views(const llama_context * ctx, int32_t n_cells) {
                 ggml_backend_tensor_get(const_cast<ggml_tensor *>(t), copy.data(), 0, copy.size());
                 data = copy.data();
             }
-            (is_v ? v_ : k_).push_back(cell_rows(data, type, n_kv, n_cells, int32_t(t->ne[0] / n_kv), row));
+            (is_v ? v_ : k_).push_back(cell_rows(data, f, n_kv, n_cells, int32_t(t->ne[0] / n_kv), row));
         }
     }
 }
@@ -175,7 +229,8 @@ ragged_candidates::ragged_candidates(const llama_context * ctx, const std::vecto
             ggml_tensor * t   = const_cast<ggml_tensor *>(store(ctx, il, is_v));
             const size_t  row = t->nb[1];  // one head's entry
             (is_v ? v_row_ : k_row_).push_back(row);
-            (is_v ? v_type_ : k_type_).push_back(cache_dtype(t->type));
+            (is_v ? v_type_ : k_type_).push_back(t->type);
+            (is_v ? v_dim_ : k_dim_).push_back(int32_t(t->ne[0]));
             size_t row0 = 0;  // head g owns rows [row0, row0 + n_keep + 1 + n_room)
             for (int32_t g = 0; g < n_kv_; ++g) {
                 const size_t keep = n_keep[size_t(il) * n_kv_ + g];
@@ -196,10 +251,10 @@ std::vector<head_tokens> ragged_candidates::heads() const {
     for (size_t i = 0; i < rows_.size(); ++i) {
         const size_t il = i / size_t(n_kv_);
         for (const bool is_v : { false, true }) {
-            const size_t row  = (is_v ? v_row_ : k_row_)[il];
-            const dtype  type = (is_v ? v_type_ : k_type_)[il];
-            (is_v ? out[i].values : out[i].keys) = cell_rows((is_v ? v_ : k_)[i].data(), type, 1, int32_t(rows_[i]),
-                                                             int32_t(row / dtype_size(type)), row);
+            const size_t row = (is_v ? v_row_ : k_row_)[il];
+            (is_v ? out[i].values : out[i].keys) =
+                cell_rows((is_v ? v_ : k_)[i].data(), cache_format((is_v ? v_type_ : k_type_)[il]), 1,
+                          int32_t(rows_[i]), (is_v ? v_dim_ : k_dim_)[il], row);
         }
     }
     return out;

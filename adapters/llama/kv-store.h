@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ecokv/llama-adapter.h"
+#include "ecokv/llama-session.h"
 
 #include <llama.h>
 
@@ -10,6 +11,11 @@
 #include <vector>
 
 namespace ecokv::llama {
+
+// Refuses, before any context is made, cache types a session cannot use with this model: a type ecokv does not
+// compress, a quantized V without flash attention (llama.cpp's rule), rows that are not whole blocks of the type
+// (head_dim a multiple of its block size). Throws ecokv::error naming the option.
+void check_cache_types(const llama_model * model, const session_options & o);
 
 // The sequence state of `seq` (llama_state_seq_get_data); throws ecokv::error when llama.cpp gives none.
 std::vector<uint8_t> read_sequence(llama_context * ctx, llama_seq_id seq = 0);
@@ -46,7 +52,8 @@ class ragged_candidates {
     std::vector<std::vector<uint8_t>> k_, v_;  // [n_layers * n_kv_heads] rows in the store's type
     std::vector<int64_t>              rows_;   // candidates per head
     std::vector<size_t>               k_row_, v_row_;  // bytes per row, per layer
-    std::vector<dtype>                k_type_, v_type_;
+    std::vector<ggml_type>            k_type_, v_type_;
+    std::vector<int32_t>              k_dim_, v_dim_;  // elements per row (head_dim), per layer
     int32_t                           n_kv_ = 0;
 };
 

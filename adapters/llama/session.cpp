@@ -3,6 +3,7 @@
 // (prompt.cpp, sequence.cpp, chunked-prefill.cpp, snapshot.cpp) around the state they share (session-impl.h).
 #include "ecokv/error.h"
 #include "gguf-check.h"
+#include "kv-store.h"
 #include "session-impl.h"
 
 #include <mtmd-helper.h>
@@ -103,6 +104,7 @@ session::session(const session_options & options) : impl_(std::make_unique<impl>
     impl_->opts  = options;
     impl_->owned = load_model(options.model_path);
     impl_->model = impl_->owned.get();
+    check_cache_types(impl_->model, options);
     if (!options.mmproj_path.empty()) {
         impl_->projector = load_projector(options.mmproj_path, impl_->model, options.n_threads,
                                           options.image_max_tokens);
@@ -113,12 +115,14 @@ session::session(model_ptr model, const session_options & options) : impl_(std::
     if (!model) {
         throw error("session: no model");
     }
+    check_cache_types(model.get(), options);
     impl_->opts  = options;
     impl_->owned = std::move(model);
     impl_->model = impl_->owned.get();
 }
 
 session::session(llama_model & model, const session_options & options) : impl_(std::make_unique<impl>()) {
+    check_cache_types(&model, options);
     impl_->opts  = options;
     impl_->model = &model;
 }

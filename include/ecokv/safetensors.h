@@ -49,7 +49,7 @@ class safetensors_writer {
     void set_metadata(const std::string & key, const std::string & value) { metadata_[key] = value; }
 
     // Copies the data of `view` (any strides) as a packed tensor of shape ne[3..0] with trailing unit
-    // dimensions dropped down to `n_dims`.
+    // dimensions dropped down to `n_dims`. Encoded rows (an engine's quantized blocks) are written decoded, as F32.
     void add(const std::string & name, const tensor_view & view, int n_dims);
     void add(const std::string & name, dtype type, std::vector<int64_t> shape, std::vector<std::byte> bytes);
 

@@ -31,7 +31,8 @@ int32_t metadata_int(const safetensors_file & f, const char * key) {
     return int32_t(v);
 }
 
-void check_shape(const tensor_view & v, const char * name, int64_t d0, int64_t d1, int64_t d2) {
+void check_shape(const tensor_view & v, const char * name, int64_t d0, int64_t d1, int64_t d2,
+                 bool encoded_ok = false) {
     if (v.ne[2] != d0 || v.ne[1] != d1 || (d2 >= 0 && v.ne[0] != d2) || v.ne[3] != 1) {
         ECOKV_THROW("tensor %s has shape [%lld, %lld, %lld], expected [%lld, %lld, %lld]", name,
                     (long long) v.ne[2], (long long) v.ne[1], (long long) v.ne[0], (long long) d0, (long long) d1,
@@ -40,16 +41,34 @@ void check_shape(const tensor_view & v, const char * name, int64_t d0, int64_t d
     if (v.type == dtype::u8) {
         ECOKV_THROW("tensor %s must be F32 or F16, not U8", name);
     }
+    if (v.type == dtype::encoded) {  // an engine's quantized K/V rows; queries stay F32 or F16
+        if (!encoded_ok) {
+            ECOKV_THROW("tensor %s must be F32 or F16, not an engine's encoded rows", name);
+        }
+        if (v.codec == nullptr || v.codec->to_f32 == nullptr || v.ne[0] % v.codec->block_size != 0) {
+            ECOKV_THROW("tensor %s: rows of %lld elements are not whole %s blocks", name, (long long) v.ne[0],
+                        v.codec ? v.codec->name : "encoded");
+        }
+    }
 }
 
 const tensor_view & layer_tensor(const layer_capture & lc, int32_t k) {
     return k == 0 ? lc.keys : k == 1 ? lc.values : k == 2 ? lc.queries : lc.full_queries;
 }
 
-// True when every element of slice i2 is finite: exponent bits not all ones (vectorised bit test).
+// True when every element of slice i2 is finite: exponent bits not all ones (vectorised bit test); encoded rows
+// are decoded one at a time.
 bool slice_finite(const tensor_view & v, int64_t i2) {
-    unsigned bad = 0;
+    unsigned           bad = 0;
+    std::vector<float> decoded(v.type == dtype::encoded ? size_t(v.ne[0]) : 0);
     for (int64_t i1 = 0; i1 < v.ne[1]; ++i1) {
+        if (v.type == dtype::encoded) {
+            v.row_f32(i1, i2, decoded.data());
+            for (const float x : decoded) {
+                bad |= !std::isfinite(x);
+            }
+            continue;
+        }
         const void * row = v.row(i1, i2);
         if (v.type == dtype::f32) {
             const auto * x = static_cast<const uint32_t *>(row);
@@ -110,8 +129,8 @@ void capture_view::validate_heads() const {
             ECOKV_THROW("%skeys holds %lld tokens, outside [%d window queries, %d tokens]", p.c_str(), (long long) n,
                         n_queries, n_tokens);
         }
-        check_shape(h.keys, (p + "keys").c_str(), 1, n, head_dim);
-        check_shape(h.values, (p + "values").c_str(), 1, n, head_dim_v);
+        check_shape(h.keys, (p + "keys").c_str(), 1, n, head_dim, true);
+        check_shape(h.values, (p + "values").c_str(), 1, n, head_dim_v, true);
         check_modality(h.modality, n, p + "modality");
     }
 }
@@ -140,8 +159,8 @@ void capture_view::validate() const {
         const layer_capture & lc = layers[il];
         const std::string     p  = "layers." + std::to_string(il) + ".";
         if (heads.empty()) {
-            check_shape(lc.keys, (p + "keys").c_str(), n_kv_heads, n_tokens, head_dim);
-            check_shape(lc.values, (p + "values").c_str(), n_kv_heads, n_tokens, head_dim_v);
+            check_shape(lc.keys, (p + "keys").c_str(), n_kv_heads, n_tokens, head_dim, true);
+            check_shape(lc.values, (p + "values").c_str(), n_kv_heads, n_tokens, head_dim_v, true);
         }
         check_shape(lc.queries, (p + "queries").c_str(), n_heads, n_queries, head_dim);
         if (lc.full_queries.empty() == full) {

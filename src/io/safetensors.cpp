@@ -195,18 +195,25 @@ void safetensors_writer::add(const std::string & name, const tensor_view & view,
     for (int d = n_dims - 1; d >= 0; --d) {
         shape.push_back(view.ne[d]);
     }
-    const size_t           row_bytes = size_t(view.ne[0]) * dtype_size(view.type);
-    std::vector<std::byte> bytes(size_t(view.n_elements()) * dtype_size(view.type));
+    // safetensors has no engine block types: encoded rows are written decoded, as F32
+    const bool             decode    = view.type == dtype::encoded;
+    const dtype            type      = decode ? dtype::f32 : view.type;
+    const size_t           row_bytes = size_t(view.ne[0]) * dtype_size(type);
+    std::vector<std::byte> bytes(size_t(view.n_elements()) * dtype_size(type));
     std::byte *            out = bytes.data();
     for (int64_t i3 = 0; i3 < view.ne[3]; ++i3) {
         for (int64_t i2 = 0; i2 < view.ne[2]; ++i2) {
             for (int64_t i1 = 0; i1 < view.ne[1]; ++i1) {
-                std::memcpy(out, view.row(i1, i2, i3), row_bytes);
+                if (decode) {
+                    view.codec->to_f32(view.row(i1, i2, i3), reinterpret_cast<float *>(out), view.ne[0]);
+                } else {
+                    std::memcpy(out, view.row(i1, i2, i3), row_bytes);
+                }
                 out += row_bytes;
             }
         }
     }
-    add(name, view.type, std::move(shape), std::move(bytes));
+    add(name, type, std::move(shape), std::move(bytes));
 }
 
 void safetensors_writer::write(const std::string & path) const {

@@ -195,5 +195,5 @@ TEST(run, engine_options_reach_the_context) {
     EXPECT_EQ(small.code, 1) << describe(small);
     EXPECT_TRUE(contains(small.err, "new ones exceeds --ctx-size 100")) << describe(small);
     const run_result bad = run_cli(dir.path().string(), { "run", "--model", k_model, "-f", k_prompt, "-ctk", "q9" });
-    EXPECT_TRUE(contains(bad.err, "--cache-type-k must be f16 or f32, not 'q9'")) << describe(bad);
+    EXPECT_TRUE(contains(bad.err, "--cache-type-k must be f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0 or q5_1, not 'q9'")) << describe(bad);
 }

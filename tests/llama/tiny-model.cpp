@@ -3,6 +3,7 @@
 #include "seeded-random.h"
 
 #include "ggml-backend.h"
+#include "ggml-cpu.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -527,8 +529,37 @@ std::vector<position> image_positions(int32_t t, int32_t nx, int32_t ny) {
 
 // ---- reference -------------------------------------------------------------------------------------------------
 
+namespace {
+
+// A row through ggml's encoding of `type` and back.
+std::function<void(double *, int32_t)> round_through(ggml_type type) {
+    if (type == GGML_TYPE_F32) {
+        return {};
+    }
+    const ggml_from_float_t to   = ggml_get_type_traits_cpu(type)->from_float;
+    const ggml_to_float_t   from = ggml_get_type_traits(type)->to_float;
+    if (to == nullptr || from == nullptr) {
+        throw std::invalid_argument(std::string("reference: no CPU conversion for ") + ggml_type_name(type));
+    }
+    return [=](double * row, int32_t n) {
+        std::vector<float>   f(row, row + n), back(static_cast<size_t>(n));
+        std::vector<uint8_t> blocks(ggml_row_size(type, n));
+        to(f.data(), blocks.data(), n);
+        from(blocks.data(), back.data(), n);
+        std::copy(back.begin(), back.end(), row);
+    };
+}
+
+}  // namespace
+
+kv_rounding cache_rounding(int32_t k_type, int32_t v_type) {
+    const auto k = ggml_type(k_type);
+    return { round_through(ggml_get_type_traits_cpu(k)->vec_dot_type), round_through(k), round_through(ggml_type(v_type)) };
+}
+
 reference_output reference_forward(const tiny_model & m, const std::vector<int32_t> & tokens,
-                                   const std::vector<position> & positions, const keep_fn & keep) {
+                                   const std::vector<position> & positions, const keep_fn & keep,
+                                   const kv_rounding & rounding) {
     const tiny_config & c = m.config();
     const int32_t       n = int32_t(tokens.size());
     if (n == 0 || positions.size() != tokens.size()) {
@@ -562,6 +593,13 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
             }
             for (int32_t g = 0; g < n_kv; ++g) {
                 rope_head(k[size_t(i)].data() + size_t(g * d), d, positions[size_t(i)], c, mrope);
+            }
+            for (int32_t hh = 0; rounding.q && hh < c.n_head; ++hh) {
+                rounding.q(q[size_t(i)].data() + size_t(hh * d), d);
+            }
+            for (int32_t g = 0; g < n_kv; ++g) {
+                rounding.k ? rounding.k(k[size_t(i)].data() + size_t(g * d), d) : void();
+                rounding.v ? rounding.v(v[size_t(i)].data() + size_t(g * d), d) : void();
             }
         }
 
@@ -650,8 +688,9 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
 }
 
 std::vector<float> reference_logits(const tiny_model & m, const std::vector<int32_t> & tokens,
-                                    const std::vector<position> & positions, const keep_fn & keep) {
-    return reference_forward(m, tokens, positions, keep).logits;
+                                    const std::vector<position> & positions, const keep_fn & keep,
+                                    const kv_rounding & rounding) {
+    return reference_forward(m, tokens, positions, keep, rounding).logits;
 }
 
 std::vector<reference_layer_kv> reference_kv(const tiny_model & m, const std::vector<int32_t> & tokens,

@@ -147,6 +147,17 @@ struct reference_layer_kv {
     std::vector<float> q;     // [n_head][n_tokens][head_dim], after RoPE
 };
 
+// How the engine stores and reads what attention uses, applied to each head's row after RoPE: K and V as the KV
+// cache holds them, Q as the attention converts it for its dot product with K. Empty functions leave a row as is.
+struct kv_rounding {
+    std::function<void(double * row, int32_t n)> q, k, v;
+};
+
+// llama.cpp's CPU rounding for K and V caches of these ggml types (F16, BF16, quantized; F32 is exact): a row goes
+// through the type's from_float and ggml's to_float; Q through K's vec_dot_type, which CPU flash attention and
+// mul_mat convert it to (F16 for an F16 K, q8_0 for q8_0 and q4_0, q8_1 for q4_1).
+kv_rounding cache_rounding(int32_t k_type, int32_t v_type);
+
 struct reference_output {
     std::vector<float>              logits;  // [n_vocab], last token
     std::vector<reference_layer_kv> kv;      // [n_layer]
@@ -158,11 +169,14 @@ struct reference_output {
 // qwen2vl = M-RoPE (NEOX pairs (i, i + d/2); pair i takes plane t, y or x by (i mod sum(sections)) against the
 // sections). Attention scale 1/sqrt(head_dim). Double precision throughout; weights are the F32 values in the model
 // (keep_reference_weights; std::out_of_range without them).
+// `rounding` (cache_rounding) makes the reference read what a quantized cache holds; K and V in `kv` are rounded too.
 reference_output reference_forward(const tiny_model & m, const std::vector<int32_t> & tokens,
-                                   const std::vector<position> & positions, const keep_fn & keep = {});
+                                   const std::vector<position> & positions, const keep_fn & keep = {},
+                                   const kv_rounding & rounding = {});
 
 std::vector<float> reference_logits(const tiny_model & m, const std::vector<int32_t> & tokens,
-                                    const std::vector<position> & positions, const keep_fn & keep = {});
+                                    const std::vector<position> & positions, const keep_fn & keep = {},
+                                    const kv_rounding & rounding = {});
 
 std::vector<reference_layer_kv> reference_kv(const tiny_model & m, const std::vector<int32_t> & tokens,
                                              const std::vector<position> & positions, const keep_fn & keep = {});

@@ -27,6 +27,10 @@ struct engine_option : option_spec {
 // Every engine option, in table order.
 std::span<const engine_option> engine_options();
 
+// The KV cache types ecokv compresses, llama.cpp's list for -ctk/-ctv (common/arg.cpp): f32, f16, bf16, q8_0, q4_0,
+// q4_1, iq4_nl, q5_0, q5_1.
+std::span<const ggml_type> cache_types();
+
 // Converts and checks `value` (checked_value) and sets the option; throws option_error naming it.
 void set_engine_option(session_options & o, std::string_view key, const option_value & value);
 

@@ -50,7 +50,8 @@ struct session_options {
     int32_t               n_batch    = 2048;        // logical batch, capped at the context size
     int32_t               n_ubatch   = 0;           // physical batch; 0: llama.cpp's default
     llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;
-    ggml_type             type_k     = GGML_TYPE_F16;  // the KV cache's element types (F16 or F32 for now)
+    ggml_type             type_k     = GGML_TYPE_F16;  // the KV cache's element types (cache_types(); a quantized V
+                                                       // needs flash attention)
     ggml_type             type_v     = GGML_TYPE_F16;
     // Dynamic-resolution projectors (Qwen2-VL): resize an image to at most this many tokens (mtmd's
     // image_max_tokens, llama.cpp's --image-max-tokens); 0: the projector's own limit.
