@@ -17,6 +17,7 @@
 
 #include "ecokv/error.h"
 #include "ecokv/safetensors.h"
+#include "ecokv/llama-options.h"
 #include "ecokv/llama-session.h"
 
 #include <cxxopts.hpp>
@@ -45,6 +46,11 @@ std::string fmt(const char * f, double v) {
 }
 
 // ---- options ---------------------------------------------------------------------------------------------------
+
+// An engine option's value as its flag spells it ("q8_0").
+std::string engine_text(const model_shape & m, const char * key) {
+    return ecokv::option_text(ecokv::llama::get_engine_option(m.engine, key));
+}
 
 struct options : model_shape, output_options {
     int32_t                  n_tokens = 8192, n_decode = 64, repeats = 5;
@@ -451,7 +457,8 @@ json make_report(const options & o, const model_info & mi, const full_result & f
     return {
         { "model", model_json(o, mi) },
         { "tokens", o.n_tokens }, { "n_decode", o.n_decode }, { "repeats", o.repeats }, { "threads", o.threads },
-        { "ubatch", o.n_ubatch }, { "flash_attn", o.flash_attn }, { "kv_bytes_per_cell", f.bytes_per_cell },
+        { "ubatch", o.n_ubatch }, { "flash_attn", o.flash_attn }, { "cache_type_k", engine_text(o, "cache_type_k") },
+        { "cache_type_v", engine_text(o, "cache_type_v") }, { "kv_bytes_per_cell", f.bytes_per_cell },
         { "peak_reset_works", pm.hwm_reset_works }, { "total_s", total_s },
         { "phases", phases_json(pm.phases) }, { "rows", rows }, { "targets", targets }, { "in_place", in_place_row(ip, o) },
     };
@@ -514,8 +521,9 @@ void print_tables(const json & out, const options & o, const phase_meter & pm) {
                 o.arch.c_str(), o.n_layer, o.n_embd, o.n_head, o.n_head_kv, o.n_embd / o.n_head, o.n_ff, o.n_vocab,
                 o.wtype.c_str(), double(m["n_params"].get<int64_t>()) / 1e9, mib(m["weight_bytes"].get<uint64_t>()));
     std::printf("prompt %d random tokens, decode %d tokens, %d threads, ubatch %d, flash attention %s, decode = best "
-                "of %d repeats, F16 K/V (%.0f KiB per cell)\n\n",
+                "of %d repeats, %s/%s K/V (%.0f KiB per cell)\n\n",
                 o.n_tokens, o.n_decode, o.threads, o.n_ubatch, o.flash_attn.c_str(), o.repeats,
+                engine_text(o, "cache_type_k").c_str(), engine_text(o, "cache_type_v").c_str(),
                 double(out["kv_bytes_per_cell"].get<uint64_t>()) / 1024);
     print_rows(out);
 

@@ -732,6 +732,36 @@ TEST(cli, report_tags_rows_by_config_keys) {
     EXPECT_TRUE(contains(r4.out, "| uniform+snapkv [window 32] | 75.0 ±25.0 (+0.0 ±0.0) |")) << r4.out;
 }
 
+// --tag cache_type_k: an engine option changes what the full cache computes, so FullKV has a row per cache type, first,
+// labelled like the methods' rows; a method option (window) does not split FullKV. The f16 directory records no
+// cache_type_k (its default), so its rows stay untagged and "full" is its FullKV.
+TEST(cli, report_tags_fullkv_by_engine_options_only) {
+    temp_dir          a, b;
+    const std::string run_a = write_results(a), run_b = b / "q8";
+    fs::create_directories(run_b);
+    write_file(run_a + "/config.json", json{ { "dataset", "generated" }, { "metric", "exact" }, { "window", 8 } }.dump());
+    write_file(run_b + "/config.json", json{ { "dataset", "generated" }, { "metric", "exact" }, { "window", 8 },
+                                             { "cache_type_k", "q8_0" } }.dump());
+    std::string lines;
+    for (int i = 0; i < 4; ++i) {  // FullKV three of four right, snapkv at 64 one of four
+        for (const auto & [method, budget, n] : { std::tuple{ "full", 0, 3 }, std::tuple{ "uniform+snapkv", 64, 1 } }) {
+            lines += json{ { "id", "q" + std::to_string(i) }, { "method", method }, { "budget", budget },
+                           { "prediction", i < n ? "a" + std::to_string(i) : "x" },
+                           { "answers", { "a" + std::to_string(i) } } }.dump() + "\n";
+        }
+    }
+    write_file(run_b + "/results.jsonl", lines);
+    const run_result r =
+        run_cli(a.path().string(), { "report", run_a, run_b, "--tag", "window,cache_type_k", "--baseline", "full" });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_TRUE(contains(r.out, "| method | 64 | 32 |\n|---|---:|---:|\n| FullKV | 100.0 ±0.0 | 100.0 ±0.0 |\n"
+                                "| FullKV [cache_type_k q8_0] | 75.0 ±25.0 | 75.0 ±25.0 |\n")) << r.out;
+    // against the f16 FullKV: 25 - 100 on the paired items
+    EXPECT_TRUE(contains(r.out, "| uniform+snapkv [window 8, cache_type_k q8_0] | 25.0 ±25.0 (-75.0 ±25.0) | - |"))
+        << r.out;
+    EXPECT_TRUE(contains(r.out, "| uniform+snapkv [window 8] | 75.0 ±25.0 (-25.0 ±25.0) |")) << r.out;
+}
+
 // The full cache of images resized to at most N tokens (eval --image-max-tokens N) is the smaller-image baseline: one
 // row, in budget N's column, with its paired difference to the baseline there.
 TEST(cli, report_places_the_smaller_image_in_its_budget_column) {

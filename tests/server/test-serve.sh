@@ -93,3 +93,25 @@ n200=$(cat "$DIR"/busy.*.status | grep -c 200 || true)
 [[ $n503 -ge 1 && $n200 -ge 1 ]] || { echo "not ok - busy server: $n200 served, $n503 refused"; exit 1; }
 grep -l 503 "$DIR"/busy.*.status | head -1 | sed 's/\.status$//' | xargs grep -q 'server_busy'
 echo "ok - a full server refuses with 503 ($n200 served, $n503 refused)"
+
+# A quantized cache (-ctk/-ctv q8_0) under eviction: a row of 32 elements is 34 bytes against F16's 64, so with the
+# same layout (uniform budget 64 per head, the same room) the allocation is 34/64 of the F16 server's; the kept
+# conversation is resumed by a follow-up turn.
+ask() {  # ask URL MESSAGES: POST them with budget 64, print "allocated<TAB>answer"
+    curl -s -H 'Content-Type: application/json' --data-binary "{\"max_tokens\":8,\"kv_compression\":{\"budget\":64,\"window\":8},\"messages\":$2}" \
+        "$1/v1/chat/completions" |
+        python3 -c 'import json, sys; r = json.load(sys.stdin); print(r["usage"]["kv_bytes_allocated"], r["choices"][0]["message"]["content"], sep="\t")'
+}
+page="[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,$png\"}},{\"type\":\"text\",\"text\":\"What is the TOTAL?\"}]}"
+f16=$(ask "http://127.0.0.1:$(cat "$DIR/main.port")" "$page]")
+start q8 --max-tokens 16 -ctk q8_0 -ctv q8_0 -fa on
+q8=$(ask "$URL" "$page]")
+(( ${q8%%$'\t'*} * 64 == ${f16%%$'\t'*} * 34 )) || { echo "not ok - q8_0 allocation ${q8%%$'\t'*}, F16 ${f16%%$'\t'*}"; exit 1; }
+answer=$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1]))' "${q8#*$'\t'}")
+ask "$URL" "$page,{\"role\":\"assistant\",\"content\":$answer},{\"role\":\"user\",\"content\":\"And the DATE?\"}]" > /dev/null
+hits=$(curl -s "$URL/metrics" | awk '/^ecokv_cache_hits_total /{print $2}')
+[[ ${hits%.*} -ge 1 ]] || { echo "not ok - the q8_0 conversation was not resumed"; exit 1; }
+echo "ok - a q8_0 cache under eviction allocates 34/64 of F16's (${q8%%$'\t'*} against ${f16%%$'\t'*} bytes), resumed"
+"$ECOKV" serve -ctv q8_0 -fa off --port 0 2> "$DIR/bad.log" && { echo "not ok - q8_0 V without flash attention served"; exit 1; }
+grep -q "a quantized V cache needs flash attention" "$DIR/bad.log" || { cat "$DIR/bad.log"; exit 1; }
+echo "ok - a quantized V without flash attention is refused at start"

@@ -63,6 +63,22 @@ std::string tag_suffix(const json & cfg, const std::vector<std::string> & tags) 
     return out.empty() ? out : " [" + out + "]";
 }
 
+// The tags that change what the full cache computes: config keys that are not compression options (the engine's,
+// such as cache_type_k). FullKV rows are told apart by these only.
+std::vector<std::string> full_cache_tags(const std::vector<std::string> & tags) {
+    const auto               rows = ecokv::compression_options();
+    std::vector<std::string> out;
+    for (const std::string & k : tags) {
+        if (std::none_of(rows.begin(), rows.end(), [&](const ecokv::option_info & o) { return o.key == k; })) {
+            out.push_back(k);
+        }
+    }
+    return out;
+}
+
+// A FullKV row: "full", or "full [cache_type_k q8_0]".
+bool full_row(const std::string & method) { return ecokv::is_full_cache(method.substr(0, method.find(" ["))); }
+
 void read_dir(const std::string & dir, const std::vector<std::string> & tags,
               std::map<std::string, dataset_results> & out) {
     std::ifstream cfg_in(dir + "/config.json");
@@ -83,7 +99,7 @@ void read_dir(const std::string & dir, const std::vector<std::string> & tags,
                     " in an earlier directory (report them separately)");
     }
     results.metric           = metric;
-    const std::string suffix = tag_suffix(cfg, tags);
+    const std::string suffix = tag_suffix(cfg, tags), full_suffix = tag_suffix(cfg, full_cache_tags(tags));
     // The full cache of images resized to at most N tokens (eval --image-max-tokens N) is the smaller-image
     // baseline: a row of its own, in budget N's column.
     const int32_t image_max_tokens = cfg.value("image_max_tokens", 0);
@@ -111,7 +127,7 @@ void read_dir(const std::string & dir, const std::vector<std::string> & tags,
             const bool full          = ecokv::is_full_cache(j.at("method").get<std::string>());
             const bool smaller_image = image_max_tokens > 0 && full;
             const std::string method = smaller_image ? std::string(k_smaller_image)
-                                       : full        ? std::string(ecokv::k_full_cache)
+                                       : full        ? std::string(ecokv::k_full_cache) + full_suffix
                                                      : j.at("method").get<std::string>() + suffix;
             if (smaller_image) {
                 j["budget"] = image_max_tokens;
@@ -207,11 +223,13 @@ void table_header(std::ostringstream & md, const std::vector<int32_t> & budgets)
     md << "\n";
 }
 
-std::string label(const std::string & method) { return ecokv::is_full_cache(method) ? "FullKV" : method; }
+std::string label(const std::string & method) {
+    return full_row(method) ? "FullKV" + method.substr(std::min(method.find(" ["), method.size())) : method;
+}
 
 // The canonical name of a --baseline value: "full" (FullKV) or a method (mixkv -> uniform+mixkv).
 std::string baseline_method(const std::string & text) {
-    if (ecokv::is_full_cache(text)) {
+    if (full_row(text)) {
         return text;
     }
     const size_t tag = text.find(" [");  // a tagged row: "snapkv [window 32]"
@@ -248,7 +266,7 @@ struct report {
 std::vector<int32_t> budgets_of(const dataset_results & res) {
     std::vector<int32_t> budgets;
     for (const auto & [k, v] : res.items) {
-        if (!ecokv::is_full_cache(k.method) && std::find(budgets.begin(), budgets.end(), k.budget) == budgets.end()) {
+        if (!full_row(k.method) && std::find(budgets.begin(), budgets.end(), k.budget) == budgets.end()) {
             budgets.push_back(k.budget);
         }
     }
@@ -284,7 +302,7 @@ void write_scores(const std::string & dataset, const dataset_results & res, cons
         per_item[k]                  = item_scores(res.metric, by_id);
     }
     const auto cell_at = [&](const std::string & m, int32_t b) {
-        const cell_key k{ m, ecokv::is_full_cache(m) ? 0 : b };
+        const cell_key k{ m, full_row(m) ? 0 : b };
         cell_score     c{ score[k].first, score[k].second, summarize([&] {
                              std::vector<double> v;
                              for (const auto & [id, x] : per_item[k]) {
@@ -292,8 +310,8 @@ void write_scores(const std::string & dataset, const dataset_results & res, cons
                              }
                              return v;
                          }()) };
-        const cell_key base{ base_row, ecokv::is_full_cache(base_row) ? 0 : b };
-        if (m != base_row && !ecokv::is_full_cache(m) && score.count(base)) {
+        const cell_key base{ base_row, full_row(base_row) ? 0 : b };
+        if (m != base_row && !full_row(m) && score.count(base)) {
             c.has_delta = true;
             c.delta     = c.score - score[base].first;
             c.diff      = paired(per_item[k], per_item[base]);
@@ -305,7 +323,7 @@ void write_scores(const std::string & dataset, const dataset_results & res, cons
     for (const std::string & m : res.method_order) {
         out.md << "| " << label(m) << " |";
         for (int32_t b : budgets) {
-            if (!score.count({ m, ecokv::is_full_cache(m) ? 0 : b })) {
+            if (!score.count({ m, full_row(m) ? 0 : b })) {
                 out.md << " - |";
                 continue;
             }
@@ -318,10 +336,10 @@ void write_scores(const std::string & dataset, const dataset_results & res, cons
                 out.md << buf;
             }
             out.md << " |";
-            if (ecokv::is_full_cache(m) && b != budgets.front()) {
+            if (full_row(m) && b != budgets.front()) {
                 continue;  // FullKV is one row of the CSV and JSON
             }
-            const int32_t budget = ecokv::is_full_cache(m) ? 0 : b;
+            const int32_t budget = full_row(m) ? 0 : b;
             out.csv << dataset << "," << res.metric << "," << label(m) << "," << budget << "," << c.score << ","
                     << c.n << "," << (with_errors ? std::to_string(c.own.se) : "") << ","
                     << (c.has_delta ? std::to_string(c.delta) : "") << ","
@@ -351,7 +369,7 @@ void write_scores(const std::string & dataset, const dataset_results & res, cons
 // The items eval could not process: the scores are over the others.
 void write_failed(const std::string & dataset, const dataset_results & res, report & out) {
     for (const auto & [k, by_id] : res.failed) {
-        out.md << "Failed items, " << label(k.method) << (ecokv::is_full_cache(k.method) ? "" : " " + std::to_string(k.budget))
+        out.md << "Failed items, " << label(k.method) << (full_row(k.method) ? "" : " " + std::to_string(k.budget))
                << ": " << by_id.size() << " (first: " << by_id.begin()->first << ": " << by_id.begin()->second << ")\n";
         out.js[dataset]["failed"].push_back({ { "method", label(k.method) }, { "budget", k.budget },
                                               { "n", by_id.size() } });
@@ -371,7 +389,7 @@ void write_fidelity(const std::string & dataset, const dataset_results & res, co
               "error of the attention output, mean over layers):\n\n";
     table_header(out.md, budgets);
     for (const std::string & m : res.method_order) {
-        if (ecokv::is_full_cache(m)) {
+        if (full_row(m)) {
             continue;
         }
         out.md << "| " << label(m) << " |";
@@ -449,7 +467,7 @@ int ecokv_report(int argc, char ** argv) {
         out.csv << "dataset,metric,method,budget,score,n,se," << delta_column(baseline) << ",delta_se,n_paired\n";
         for (auto & [dataset, res] : all) {
             std::stable_partition(res.method_order.begin(), res.method_order.end(),
-                                  [](const std::string & m) { return ecokv::is_full_cache(m); });
+                                  [](const std::string & m) { return full_row(m); });
             const std::vector<int32_t> budgets = budgets_of(res);
             write_scores(dataset, res, baseline, budgets, out);
             write_failed(dataset, res, out);
