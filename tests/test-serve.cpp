@@ -198,7 +198,7 @@ TEST(serve, the_cache_finds_the_longest_prefix_and_evicts_the_least_recent) {
     EXPECT_EQ(cache.totals_now().full_bytes, 600u);
     // Least recently used now: {7} (found last by nobody); a fourth conversation evicts it.
     cache.put(conv({ 9 }, 100));
-    EXPECT_EQ(cache.find({ 7 }), nullptr);
+    EXPECT_EQ(cache.find({ 7, 8 }), nullptr);
     EXPECT_EQ(cache.totals_now().evictions, 1u);
     // A conversation continued replaces the one it came from.
     const auto from = cache.find({ 9, 10 });
@@ -207,8 +207,22 @@ TEST(serve, the_cache_finds_the_longest_prefix_and_evicts_the_least_recent) {
     EXPECT_EQ(cache.totals_now().bytes, 250u);
     // Larger than the whole limit: not kept, nothing evicted for it.
     cache.put(conv({ 5 }, 301));
-    EXPECT_EQ(cache.find({ 5 }), nullptr);
+    EXPECT_EQ(cache.find({ 5, 6 }), nullptr);
     EXPECT_EQ(cache.totals_now().conversations, 3u);
+}
+
+// The whole prompt kept already (a request identical to one that is still answering): not a hit, since its last unit
+// must be decoded again for the next token's logits; the shorter prefix is. Two requests that kept the same units
+// leave one conversation.
+TEST(serve, the_cache_leaves_a_unit_to_decode_and_keeps_one_copy) {
+    conversation_cache cache(1000);
+    cache.put(conv({ 1, 2 }, 100));
+    cache.put(conv({ 1, 2, 3 }, 100));
+    EXPECT_EQ(cache.find({ 1, 2, 3 })->units.size(), 2u);
+    EXPECT_EQ(cache.find({ 1, 2 }), nullptr);
+    cache.put(conv({ 1, 2, 3 }, 120));  // kept again by a request that ran alongside
+    EXPECT_EQ(cache.totals_now().conversations, 2u);
+    EXPECT_EQ(cache.totals_now().bytes, 220u);
 }
 
 }  // namespace

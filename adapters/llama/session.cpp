@@ -42,9 +42,8 @@ llama_context_params context_params(const session_options & o, int32_t n_cells) 
     p.flash_attn_type = o.flash_attn;
     p.type_k          = o.type_k;
     p.type_v          = o.type_v;
-    if (o.n_threads > 0) {
-        p.n_threads = p.n_threads_batch = o.n_threads;
-    }
+    p.n_threads       = o.n_threads > 0 ? o.n_threads : default_thread_count();
+    p.n_threads_batch = o.n_threads_batch > 0 ? o.n_threads_batch : p.n_threads;
     return p;
 }
 
@@ -88,9 +87,7 @@ std::unique_ptr<mtmd_context, mtmd_deleter> load_projector(const std::string & p
     if (image_max_tokens > 0) {
         mp.image_max_tokens = image_max_tokens;
     }
-    if (n_threads > 0) {
-        mp.n_threads = n_threads;
-    }
+    mp.n_threads = n_threads > 0 ? n_threads : default_thread_count();
     std::unique_ptr<mtmd_context, mtmd_deleter> p(mtmd_init_from_file(path.c_str(), model, mp));
     if (!p) {
         throw error(path + ": cannot load the projector (corrupt, or not made for this model?)");

@@ -113,3 +113,17 @@ assert.equal(cancelled, cancelledBefore + 1);
 const after = await client.chat.completions.create(ask('What is the TOTAL?', { kv_compression: false }));
 assert.equal(after.choices[0].message.content, '64.02');
 ok('a client going away cancels its generation');
+
+// The client's own types for what it sends: logprobs on a chat, a text completion, usage in a stream when asked.
+const lp = await client.chat.completions.create(ask('What is the TOTAL?', { kv_compression: false, logprobs: true, top_logprobs: 2 }));
+assert.equal(lp.choices[0].logprobs.content.map((e) => e.token).join(''), '64.02');
+assert.ok(lp.choices[0].logprobs.content.every((e) => e.top_logprobs.length === 2 && e.logprob <= 0));
+const completion = await client.completions.create({ model: 'tiny-vlm', prompt: 'TOTAL', max_tokens: 4, temperature: 0 });
+assert.equal(completion.object, 'text_completion');
+assert.equal(typeof completion.choices[0].text, 'string');
+let usage = null;
+for await (const chunk of await client.chat.completions.create(ask('What is the TOTAL?', { stream: true, stream_options: { include_usage: true } }))) {
+  usage = chunk.usage ?? usage;
+}
+assert.ok(usage && usage.completion_tokens >= 1, JSON.stringify(usage));
+ok('logprobs, a text completion and stream usage through the client');

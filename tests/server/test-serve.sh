@@ -115,3 +115,102 @@ echo "ok - a q8_0 cache under eviction allocates 34/64 of F16's (${q8%%$'\t'*} a
 "$ECOKV" serve -ctv q8_0 -fa off --port 0 2> "$DIR/bad.log" && { echo "not ok - q8_0 V without flash attention served"; exit 1; }
 grep -q "a quantized V cache needs flash attention" "$DIR/bad.log" || { cat "$DIR/bad.log"; exit 1; }
 echo "ok - a quantized V without flash attention is refused at start"
+
+# 16 identical requests at once, 8 answering together: every one is answered (200) with the same greedy answer. The
+# first to prefill keeps the prompt's conversation; the others find it while it answers, and must not resume with
+# nothing left to decode.
+start race --slots 8 --queue 16 --max-tokens 48
+same='{"temperature":0.0,"messages":[{"role":"user","content":"Tell me a story about a red fox."}]}'
+for i in $(seq 16); do
+    curl -s -o "$DIR/race.$i" -w '%{http_code}\n' -H 'Content-Type: application/json' --data-binary "$same" \
+        "$URL/v1/chat/completions" > "$DIR/race.$i.status" &
+done
+wait $(jobs -p | grep -v -e "${PIDS[0]}" -e "${PIDS[1]}" -e "${PIDS[2]}" -e "${PIDS[3]}") 2>/dev/null || true
+[[ $(cat "$DIR"/race.*.status | grep -c '^200$') == 16 ]] || { cat "$DIR"/race.*.status "$DIR"/race.1; echo "not ok - identical requests"; exit 1; }
+answers=$(for i in $(seq 16); do python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$DIR/race.$i"; done | sort -u | wc -l)
+[[ $answers == 1 ]] || { echo "not ok - 16 identical greedy requests gave $answers answers"; exit 1; }
+echo "ok - 16 identical concurrent requests: all 200, one answer"
+
+# Fields a client sends are honoured or refused with a 400 naming them, never ignored.
+URL=http://127.0.0.1:$(cat "$DIR/main.port")
+hi='"messages": [{"role": "user", "content": "hi"}]'
+refused() {  # refused FIELD BODY: a 400 whose param is FIELD
+    local status
+    status=$(curl -s -o "$DIR/out" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "$2" "$URL/v1/chat/completions")
+    python3 -c 'import json, sys; e = json.load(open(sys.argv[1]))["error"]; assert e["param"] == sys.argv[2], e' "$DIR/out" "$1" &&
+        [[ $status == 400 ]] || { echo "not ok - $1 refused: HTTP $status $(cat "$DIR/out")"; exit 1; }
+    echo "ok - $1 refused: $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["error"]["message"])' "$DIR/out")"
+}
+refused frobnicate "{\"frobnicate\": 1, $hi}"
+refused tools "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], $hi}"
+refused response_format "{\"response_format\": {\"type\": \"json_object\"}, $hi}"
+refused top_p "{\"top_p\": 0.5, $hi}"
+refused cache_prompt "{\"cache_prompt\": false, $hi}"
+refused stream_options "{\"stream_options\": {\"include_usage\": true}, $hi}"
+refused top_logprobs "{\"top_logprobs\": 3, $hi}"
+expect 200 "neutral values of unsupported fields" "{\"top_p\": 1, \"frequency_penalty\": 0, \"tools\": [], \"tool_choice\": \"none\", \"cache_prompt\": true, \"response_format\": {\"type\": \"text\"}, \"user\": \"u1\", $hi}"
+# logprobs: one entry per token; greedy picks the most likely, so the chosen token is the first of top_logprobs
+curl -s -H 'Content-Type: application/json' --data-binary "{\"temperature\": 0.0, \"logprobs\": true, \"top_logprobs\": 3, \"max_tokens\": 6, ${body:1}" \
+    "$URL/v1/chat/completions" > "$DIR/lp"
+python3 - "$DIR/lp" <<'PY' || { echo "not ok - logprobs: $(cat "$DIR/lp")"; exit 1; }
+import json, math, sys
+r = json.load(open(sys.argv[1]))
+content = r["choices"][0]["logprobs"]["content"]
+assert len(content) == r["usage"]["completion_tokens"], (len(content), r["usage"])
+for e in content:
+    top = e["top_logprobs"]
+    assert len(top) == 3 and top[0]["token"] == e["token"] and abs(top[0]["logprob"] - e["logprob"]) < 1e-9, e
+    assert all(a["logprob"] >= b["logprob"] for a, b in zip(top, top[1:])) and e["logprob"] <= 0
+    assert sum(math.exp(t["logprob"]) for t in top) <= 1 + 1e-9 and bytes(e["bytes"]).decode() == e["token"], e
+assert "".join(e["token"] for e in content) == r["choices"][0]["message"]["content"], r
+PY
+echo "ok - logprobs and top_logprobs"
+# stream_options.include_usage: usage in one last chunk with no choices, and only when asked
+for usage in true false; do
+    curl -s -N -H 'Content-Type: application/json' --data-binary "{\"stream\": true, \"stream_options\": {\"include_usage\": $usage}, ${body:1}" \
+        "$URL/v1/chat/completions" > "$DIR/sse.$usage"
+done
+python3 - "$DIR/sse.true" "$DIR/sse.false" <<'PY' || { echo "not ok - include_usage"; exit 1; }
+import json, sys
+def chunks(path):
+    return [json.loads(l[6:]) for l in open(path) if l.startswith("data: {")]
+with_usage, without = chunks(sys.argv[1]), chunks(sys.argv[2])
+assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"]["completion_tokens"] >= 1, with_usage[-1]
+assert not any("usage" in c for c in with_usage[:-1]) and not any("usage" in c for c in without)
+PY
+echo "ok - stream_options.include_usage"
+# llama-server's endpoints: /tokenize and /detokenize round trip, /props, /slots
+curl -s -H 'Content-Type: application/json' --data-binary '{"content": "What is the TOTAL?", "with_pieces": true}' "$URL/tokenize" > "$DIR/tok"
+ids=$(python3 -c 'import json, sys; print(json.dumps([t["id"] for t in json.load(open(sys.argv[1]))["tokens"]]))' "$DIR/tok")
+back=$(curl -s -H 'Content-Type: application/json' --data-binary "{\"tokens\": $ids}" "$URL/detokenize" | python3 -c 'import json, sys; print(json.load(sys.stdin)["content"])')
+pieces=$(python3 -c 'import json, sys; print("".join(t["piece"] for t in json.load(open(sys.argv[1]))["tokens"]))' "$DIR/tok")
+[[ "$back" == "What is the TOTAL?" && "$pieces" == "$back" ]] || { echo "not ok - tokenize round trip: '$back' '$pieces'"; exit 1; }
+status=$(curl -s -o "$DIR/out" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary '{"tokens": [1, -5]}' "$URL/detokenize")
+[[ $status == 400 ]] || { echo "not ok - a bad token id: $status"; exit 1; }
+python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); assert p["total_slots"] == 2 and p["modalities"]["vision"], p' <(curl -s "$URL/props")
+python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert [x["id"] for x in s] == [0, 1], s' <(curl -s "$URL/slots")
+echo "ok - /tokenize, /detokenize ($ids), /props, /slots"
+
+# --api-key: OpenAI's 401 without the key or with a wrong one; /health open
+echo "s3cret-key" > "$DIR/key"
+start keyed --api-key-file "$DIR/key"
+for auth in "" "Authorization: Bearer wrong" "Authorization: Bearer s3cret-key"; do
+    curl -s -o "$DIR/out" -w '%{http_code}\n' ${auth:+-H "$auth"} "$URL/v1/models"
+done > "$DIR/auth"
+[[ $(tr '\n' ' ' < "$DIR/auth") == "401 401 200 " ]] || { echo "not ok - api key: $(cat "$DIR/auth")"; exit 1; }
+curl -s "$URL/v1/models" | grep -q '"code":"invalid_api_key"' || { echo "not ok - 401 body"; exit 1; }
+[[ $(curl -s -o /dev/null -w '%{http_code}' "$URL/health") == 200 ]] || { echo "not ok - /health behind the key"; exit 1; }
+echo "ok - --api-key (401 without or with a wrong key, /health open)"
+
+# /v1/completions: a raw text prompt (no chat template), OpenAI's text_completion, streamed the same
+URL=http://127.0.0.1:$(cat "$DIR/main.port")
+plain=$(curl -s -H 'Content-Type: application/json' --data-binary '{"prompt": "TOTAL", "max_tokens": 6, "temperature": 0.0}' "$URL/v1/completions")
+text=$(python3 -c 'import json, sys; r = json.loads(sys.argv[1]); assert r["object"] == "text_completion" and r["usage"]["completion_tokens"] >= 1, r; print(r["choices"][0]["text"])' "$plain")
+streamed=$(curl -s -N -H 'Content-Type: application/json' --data-binary '{"prompt": "TOTAL", "max_tokens": 6, "temperature": 0.0, "stream": true}' "$URL/v1/completions" |
+           python3 -c 'import json, sys; print("".join(json.loads(l[6:])["choices"][0]["text"] for l in sys.stdin if l.startswith("data: {")))')
+[[ "$streamed" == "$text" ]] || { echo "not ok - completion '$text', streamed '$streamed'"; exit 1; }
+for bad in '{"prompt": 5}|prompt' '{"prompt": "x", "echo": true}|echo' '{"prompt": "x", "logprobs": 2}|logprobs'; do
+    status=$(curl -s -o "$DIR/out" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "${bad%|*}" "$URL/v1/completions")
+    [[ $status == 400 ]] && grep -q "\"param\":\"${bad#*|}\"" "$DIR/out" || { echo "not ok - ${bad#*|}: $status $(cat "$DIR/out")"; exit 1; }
+done
+echo "ok - /v1/completions ('$text', streamed alike; a bad prompt, echo and logprobs refused)"

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <span>
 
 namespace ecokv::serve {
 
@@ -122,40 +123,93 @@ std::vector<uint8_t> decode_data_url(const std::string & url) {
     return out;
 }
 
-chat_request parse_chat_request(const json & body, const request_limits & limits) {
-    if (!body.is_object()) {
-        throw bad_request("", "the request body must be a JSON object");
-    }
-    chat_request r;
-    const json & model = field(body, "model", json::value_t::string, "");
-    r.model            = model.is_string() ? model.get<std::string>() : "";
-    const json & msgs  = field(body, "messages", json::value_t::array, "");
-    if (!msgs.is_array() || msgs.empty()) {
-        throw bad_request("messages", "'messages' must be a non-empty array");
-    }
-    for (size_t i = 0; i < msgs.size(); ++i) {
-        const std::string at = "messages[" + std::to_string(i) + "]";
-        if (!msgs[i].is_object()) {
-            throw bad_request(at, "'" + at + "' must be an object");
+namespace {
+
+// Fields accepted only at the value that changes nothing (OpenAI's defaults): anything else is refused, naming the
+// field, rather than ignored.
+struct neutral_field {
+    const char * name;
+    bool (*neutral)(const json &);
+    const char * refusal;
+};
+
+const neutral_field k_neutral_fields[] = {
+    { "top_p", [](const json & v) { return v.is_number() && v.get<double>() == 1; },
+      "'top_p' other than 1 is not supported: tokens are greedy, or sampled by temperature" },
+    { "presence_penalty", [](const json & v) { return v.is_number() && v.get<double>() == 0; },
+      "'presence_penalty' other than 0 is not supported" },
+    { "frequency_penalty", [](const json & v) { return v.is_number() && v.get<double>() == 0; },
+      "'frequency_penalty' other than 0 is not supported" },
+    { "logit_bias", [](const json & v) { return v.is_object() && v.empty(); }, "'logit_bias' is not supported" },
+    { "response_format", [](const json & v) { return v.is_object() && v.value("type", "") == "text" && v.size() == 1; },
+      "'response_format' other than {\"type\": \"text\"} is not supported: no JSON or grammar-constrained output" },
+    { "tools", [](const json & v) { return v.is_array() && v.empty(); },
+      "'tools' are not supported: this server has no function calling" },
+    { "tool_choice", [](const json & v) { return v == "none"; },
+      "'tool_choice' other than \"none\" is not supported: this server has no function calling" },
+    { "parallel_tool_calls", [](const json & v) { return v.is_boolean(); }, "'parallel_tool_calls' must be a boolean" },
+    { "cache_prompt", [](const json & v) { return v == true; },
+      "'cache_prompt' is always on here: conversations are kept and continued (send true or leave it out)" },
+    { "store", [](const json & v) { return v == false; }, "'store' is not supported: nothing is stored" },
+    { "echo", [](const json & v) { return v == false; }, "'echo' is not supported: the prompt is not returned" },
+    { "best_of", [](const json & v) { return v == 1; }, "only best_of = 1 is supported" },
+};
+
+// The fields the parsers read: every request's, then a chat's or a completion's own.
+const char * const k_common_fields[] = { "model", "max_tokens", "max_completion_tokens", "temperature", "seed",
+                                         "stop", "stream", "stream_options", "n", "kv_compression", "user" };
+const char * const k_chat_fields[]       = { "messages", "logprobs", "top_logprobs" };
+const char * const k_completion_fields[] = { "prompt" };
+
+// A field neither read nor neutral, or neutral at another value, is a 400 naming it.
+void refuse_unsupported_fields(const json & body, std::span<const char * const> own) {
+    const auto in = [](std::span<const char * const> names, const std::string & n) {
+        return std::find(names.begin(), names.end(), n) != names.end();
+    };
+    for (const auto & [name, value] : body.items()) {
+        if (value.is_null() || in(k_common_fields, name) || in(own, name)) {
+            continue;
         }
-        const json & role = field(msgs[i], "role", json::value_t::string, at + ".");
-        if (role != "system" && role != "user" && role != "assistant") {
-            throw bad_request(at + ".role", "'" + at + ".role' must be system, user or assistant");
+        const auto rule = std::find_if(std::begin(k_neutral_fields), std::end(k_neutral_fields),
+                                       [&](const neutral_field & f) { return name == f.name; });
+        if (rule == std::end(k_neutral_fields)) {
+            throw bad_request(name, "unknown field '" + name + "'");
         }
-        llama::chat_message m{ role.get<std::string>(), "" };
-        const json & content = msgs[i].contains("content") ? msgs[i]["content"] : json();
-        if (content.is_null()) {
-            throw bad_request(at + ".content", "'" + at + ".content' is missing");
+        if (!rule->neutral(value)) {
+            throw bad_request(name, rule->refusal);
         }
-        read_content(content, i, r, m);
-        r.messages.push_back(std::move(m));
     }
-    if (r.messages.back().role != "user") {
-        throw bad_request("messages", "the last message must be the user's");
+}
+
+// stream_options (only with stream, as OpenAI requires) and user.
+void read_output_options(const json & body, chat_request & r) {
+    const json & options = field(body, "stream_options", json::value_t::object, "");
+    if (!options.is_null()) {
+        if (!r.stream) {
+            throw bad_request("stream_options", "'stream_options' is only allowed when 'stream' is true");
+        }
+        const json & usage = field(options, "include_usage", json::value_t::boolean, "stream_options.");
+        r.include_usage    = usage.is_boolean() && usage.get<bool>();
     }
-    if (r.images.size() > limits.max_images) {
-        throw bad_request("messages", "at most " + std::to_string(limits.max_images) + " images per request");
+    const json & user = field(body, "user", json::value_t::string, "");
+    (void) user;  // an end user's id: type-checked, kept nowhere
+}
+
+// logprobs and top_logprobs, as the chat API has them.
+void read_logprobs(const json & body, chat_request & r) {
+    const json & logprobs = field(body, "logprobs", json::value_t::boolean, "");
+    r.logprobs            = logprobs.is_boolean() && logprobs.get<bool>();
+    const json & top      = field(body, "top_logprobs", json::value_t::number_integer, "");
+    if (!top.is_null()) {
+        if (!r.logprobs || top.get<int64_t>() < 0 || top.get<int64_t>() > 20) {
+            throw bad_request("top_logprobs", "'top_logprobs' must lie in [0, 20], with 'logprobs' true");
+        }
+        r.top_logprobs = top.get<int32_t>();
     }
+}
+
+// Every request's fields: max_tokens, sampling, stop, stream and its options, n, kv_compression.
+void read_common_fields(const json & body, const request_limits & limits, chat_request & r) {
     const json & max_tokens = body.contains("max_completion_tokens")
                                   ? field(body, "max_completion_tokens", json::value_t::number_integer, "")
                                   : field(body, "max_tokens", json::value_t::number_integer, "");
@@ -195,6 +249,7 @@ chat_request parse_chat_request(const json & body, const request_limits & limits
     }
     const json & stream = field(body, "stream", json::value_t::boolean, "");
     r.stream            = stream.is_boolean() && stream.get<bool>();
+    read_output_options(body, r);
     if (body.contains("n") && !(body["n"].is_number_integer() && body["n"].get<int64_t>() == 1)) {
         throw bad_request("n", "only n = 1 is supported");
     }
@@ -208,8 +263,73 @@ chat_request parse_chat_request(const json & body, const request_limits & limits
             throw bad_request("kv_compression", "'kv_compression' must be false or an object of method options");
         }
     }
+}
+
+}  // namespace
+
+chat_request parse_chat_request(const json & body, const request_limits & limits) {
+    if (!body.is_object()) {
+        throw bad_request("", "the request body must be a JSON object");
+    }
+    chat_request r;
+    const json & model = field(body, "model", json::value_t::string, "");
+    r.model            = model.is_string() ? model.get<std::string>() : "";
+    const json & msgs  = field(body, "messages", json::value_t::array, "");
+    if (!msgs.is_array() || msgs.empty()) {
+        throw bad_request("messages", "'messages' must be a non-empty array");
+    }
+    for (size_t i = 0; i < msgs.size(); ++i) {
+        const std::string at = "messages[" + std::to_string(i) + "]";
+        if (!msgs[i].is_object()) {
+            throw bad_request(at, "'" + at + "' must be an object");
+        }
+        const json & role = field(msgs[i], "role", json::value_t::string, at + ".");
+        if (role != "system" && role != "user" && role != "assistant") {
+            throw bad_request(at + ".role", "'" + at + ".role' must be system, user or assistant");
+        }
+        llama::chat_message m{ role.get<std::string>(), "" };
+        const json & content = msgs[i].contains("content") ? msgs[i]["content"] : json();
+        if (content.is_null()) {
+            throw bad_request(at + ".content", "'" + at + ".content' is missing");
+        }
+        read_content(content, i, r, m);
+        r.messages.push_back(std::move(m));
+    }
+    if (r.messages.back().role != "user") {
+        throw bad_request("messages", "the last message must be the user's");
+    }
+    if (r.images.size() > limits.max_images) {
+        throw bad_request("messages", "at most " + std::to_string(limits.max_images) + " images per request");
+    }
+    read_common_fields(body, limits, r);
+    read_logprobs(body, r);
+    refuse_unsupported_fields(body, k_chat_fields);
     return r;
 }
+
+chat_request parse_completion_request(const json & body, const request_limits & limits) {
+    if (!body.is_object()) {
+        throw bad_request("", "the request body must be a JSON object");
+    }
+    chat_request r;
+    const json & model  = field(body, "model", json::value_t::string, "");
+    r.model             = model.is_string() ? model.get<std::string>() : "";
+    const json & prompt = body.contains("prompt") ? body["prompt"] : json();
+    if (prompt.is_string() && !prompt.get<std::string>().empty()) {
+        r.prompt_text = prompt.get<std::string>();
+    } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string() && !prompt[0].get<std::string>().empty()) {
+        r.prompt_text = prompt[0].get<std::string>();
+    } else {
+        throw bad_request("prompt", "'prompt' must be a non-empty string (or an array of one)");
+    }
+    read_common_fields(body, limits, r);
+    if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+        throw bad_request("logprobs", "'logprobs' is not supported on /v1/completions (it is on /v1/chat/completions)");
+    }
+    refuse_unsupported_fields(body, k_completion_fields);
+    return r;
+}
+
 
 json error_body(const request_error & e) {
     return { { "error", { { "message", e.what() },

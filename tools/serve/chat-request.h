@@ -26,6 +26,7 @@ request_error bad_request(const std::string & param, const std::string & message
 
 struct chat_request {
     std::string                       model;
+    std::optional<std::string>        prompt_text;  // a completion (/v1/completions): the raw prompt, no chat template
     std::vector<llama::chat_message>  messages;  // content with one media marker per image
     std::vector<std::vector<uint8_t>> images;    // decoded image_url data, in prompt order
     int32_t                           max_tokens  = 0;
@@ -34,6 +35,9 @@ struct chat_request {
     bool                              has_seed    = false;
     std::vector<std::string>          stop;
     bool                              stream = false;
+    bool                              include_usage = false;  // stream_options.include_usage: a usage chunk last
+    bool                              logprobs      = false;  // the chosen tokens' log-probabilities
+    int32_t                           top_logprobs  = 0;      // and this many most likely tokens at each step
     // "kv_compression": absent (server default), false (full cache), or an object of method options.
     std::optional<nlohmann::json>     kv_compression;
     bool                              kv_compression_off = false;
@@ -56,8 +60,11 @@ struct compression_defaults {
 // unknown field. Options on the server's files (head_scores) are not the client's.
 compression resolve_compression(const chat_request & r, const compression_defaults & d);
 
-// Checks and reads a request body (already parsed JSON); throws request_error naming the field at fault.
+// Checks and reads a request body (already parsed JSON); throws request_error naming the field at fault, also for
+// any field neither honoured nor at a neutral value (docs/serve.md lists them).
 chat_request parse_chat_request(const nlohmann::json & body, const request_limits & limits);
+// The same for /v1/completions: `prompt` (a string) in place of messages, no logprobs.
+chat_request parse_completion_request(const nlohmann::json & body, const request_limits & limits);
 
 // Bytes of a "data:image/...;base64,..." URL; throws request_error for anything else.
 std::vector<uint8_t> decode_data_url(const std::string & url);

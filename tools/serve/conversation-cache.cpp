@@ -9,7 +9,7 @@ std::shared_ptr<const cached_conversation> conversation_cache::find(const std::v
     auto                              best = lru_.end();
     for (auto it = lru_.begin(); it != lru_.end(); ++it) {
         const auto & key = (*it)->units;
-        if (key.size() <= units.size() && std::equal(key.begin(), key.end(), units.begin()) &&
+        if (key.size() < units.size() && std::equal(key.begin(), key.end(), units.begin()) &&
             (best == lru_.end() || key.size() > (*best)->units.size())) {
             best = it;
         }
@@ -23,11 +23,13 @@ std::shared_ptr<const cached_conversation> conversation_cache::find(const std::v
 
 void conversation_cache::put(std::shared_ptr<const cached_conversation> c, const cached_conversation * replaces) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (replaces != nullptr) {
-        const auto it = std::find_if(lru_.begin(), lru_.end(), [&](const auto & e) { return e.get() == replaces; });
-        if (it != lru_.end()) {
+    // the conversation it continues, and one kept with the same units by a request that ran alongside
+    for (auto it = lru_.begin(); it != lru_.end();) {
+        const auto next = std::next(it);
+        if (it->get() == replaces || (*it)->units == c->units) {
             drop(it);
         }
+        it = next;
     }
     if (c->snap.bytes() > max_bytes_) {
         return;

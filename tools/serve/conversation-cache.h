@@ -23,12 +23,14 @@ class conversation_cache {
   public:
     explicit conversation_cache(uint64_t max_bytes) : max_bytes_(max_bytes) {}
 
-    // The kept conversation with the longest units that are a prefix of `units` (nullptr when none); it becomes the
-    // most recently used.
+    // The kept conversation with the longest units that are a strict prefix of `units` (nullptr when none); it
+    // becomes the most recently used. Strict: at least one unit is left to decode, which gives the logits of the next
+    // token (a snapshot holds none), so two identical requests never resume with nothing to decode.
     std::shared_ptr<const cached_conversation> find(const std::vector<uint64_t> & units);
 
-    // Keeps c, replacing `replaces` (the conversation it continues) when given, then evicts the least recently used
-    // until the limit holds. A conversation larger than the whole limit is not kept.
+    // Keeps c, replacing `replaces` (the conversation it continues) when given and any conversation kept with the
+    // same units (by a request that ran alongside), then evicts the least recently used until the limit holds. A
+    // conversation larger than the whole limit is not kept.
     void put(std::shared_ptr<const cached_conversation> c, const cached_conversation * replaces = nullptr);
 
     struct totals {

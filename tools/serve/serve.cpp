@@ -5,6 +5,7 @@
 #include "ecokv/error.h"
 #include "server.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +22,25 @@ void on_signal(int) {
     if (g_server != nullptr) {
         g_server->stop();
     }
+}
+
+// --api-key, or the first line of --api-key-file (not both); empty: no key.
+std::string api_key_from(const cxxopts::ParseResult & args) {
+    if (args.count("api-key") && args.count("api-key-file")) {
+        throw error("give --api-key or --api-key-file, not both");
+    }
+    std::string key = args.count("api-key") ? args["api-key"].as<std::string>() : "";
+    if (args.count("api-key-file")) {
+        const std::string path = args["api-key-file"].as<std::string>();
+        std::ifstream     in(path);
+        if (!in || !std::getline(in, key) || key.empty()) {
+            throw error(path + ": cannot read an API key from its first line");
+        }
+    }
+    if (args.count("api-key") && key.empty()) {
+        throw error("--api-key is empty");
+    }
+    return key;
 }
 
 }  // namespace
@@ -42,6 +62,8 @@ int ecokv_serve(int argc, char ** argv) {
             ("max-tokens", "tokens generated when a request gives no max_tokens", cxxopts::value<int32_t>()->default_value("128"))
             ("full", "keep full caches unless a request asks for kv_compression")
             ("model-name", "the name /v1/models lists (default: the model file's name)", cxxopts::value<std::string>())
+            ("api-key", "require 'Authorization: Bearer KEY' on every endpoint but /health", cxxopts::value<std::string>())
+            ("api-key-file", "read the API key from this file's first line", cxxopts::value<std::string>())
             ("verbose", "show llama.cpp's log")
             ("h,help", "show this help");
         // clang-format on
@@ -62,12 +84,16 @@ int ecokv_serve(int argc, char ** argv) {
         so.queue       = ecokv::tools::int_in_range(args, "queue", 0, 4096);
         so.cache_bytes = uint64_t(ecokv::tools::int_in_range(args, "cache-mib", 0, 1 << 20)) << 20;
         so.limits.max_tokens_default = ecokv::tools::int_in_range(args, "max-tokens", 1, 1 << 20);
+        so.api_key     = api_key_from(args);
         so.kv.compress = args.count("full") == 0;
         so.kv.server   = ecokv::tools::compression_from(args);
         so.kv.server.validate();  // now, as a request without kv_compression would use them
 
         const bool          bundled = args.count("model") == 0;
         el::session_options sopt = ecokv::tools::engine_options_from(args);
+        if (sopt.n_threads == 0) {  // slots decode at once: they share the cores, each does not take them all
+            sopt.n_threads = std::max(1, el::default_thread_count() / so.slots);
+        }
         sopt.model_path  = bundled ? ecokv::tools::bundled_file("tiny-vlm.gguf") : args["model"].as<std::string>();
         sopt.mmproj_path = args.count("mmproj") ? args["mmproj"].as<std::string>()
                            : bundled            ? ecokv::tools::bundled_file("tiny-vlm-mmproj.gguf")
@@ -84,8 +110,8 @@ int ecokv_serve(int argc, char ** argv) {
         g_server = &server;
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
-        std::fprintf(stderr, "ecokv serve: %s on http://%s:%d (%d slots, queue %d, cache %d MiB, %s)\n",
-                     so.model_name.c_str(), so.host.c_str(), server.port(), so.slots, so.queue,
+        std::fprintf(stderr, "ecokv serve: %s on http://%s:%d (%d slots of %d threads, queue %d, cache %d MiB, %s)\n",
+                     so.model_name.c_str(), so.host.c_str(), server.port(), so.slots, sopt.n_threads, so.queue,
                      int(so.cache_bytes >> 20), so.kv.compress ? "compressed conversations" : "full caches");
         if (args.count("port-file")) {
             const std::string path = args["port-file"].as<std::string>();

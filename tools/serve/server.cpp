@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <numeric>
 #include <optional>
 #include <random>
 
@@ -73,6 +75,55 @@ llama_token pick(const std::vector<float> & logits, double temperature, std::mt1
         w[i] = std::exp((double(logits[i]) - top) / temperature);
     }
     return llama_token(std::discrete_distribution<size_t>(w.begin(), w.end())(rng));
+}
+
+// A JSON endpoint: fn's answer to the parsed body, or a 400 with OpenAI's error body.
+void answer_json(const httplib::Request & req, httplib::Response & res, const std::function<json(const json &)> & fn) {
+    try {
+        const json body = json::parse(req.body, nullptr, false);
+        if (!body.is_object()) {
+            throw bad_request("", "the request body must be a JSON object");
+        }
+        res.set_content(fn(body).dump(), "application/json");
+    } catch (const request_error & e) {
+        res.status = e.status;
+        res.set_content(error_body(e).dump(), "application/json");
+    }
+}
+
+// a == b in time that depends on their lengths only, not on where they differ.
+bool same_secret(const std::string & a, const std::string & b) {
+    unsigned diff = unsigned(a.size() ^ b.size());
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+        diff |= unsigned(uint8_t(i < a.size() ? a[i] : 0) ^ uint8_t(i < b.size() ? b[i] : 0));
+    }
+    return diff == 0;
+}
+
+// OpenAI's logprobs entry of the token chosen at one step, with the n most likely tokens, from the step's logits.
+json logprob_entry(const el::session & s, const std::vector<float> & logits, llama_token chosen, int32_t n_top) {
+    const float top = *std::max_element(logits.begin(), logits.end());
+    double      sum = 0;
+    for (const float l : logits) {
+        sum += std::exp(double(l) - top);
+    }
+    const double log_z = double(top) + std::log(sum);
+    const auto   token = [&](llama_token t) {
+        const std::string piece = s.detokenize({ t });
+        return json{ { "token", piece }, { "logprob", double(logits[size_t(t)]) - log_z },
+                     { "bytes", std::vector<uint8_t>(piece.begin(), piece.end()) } };
+    };
+    std::vector<llama_token> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    const size_t n = std::min(size_t(n_top), order.size());
+    std::partial_sort(order.begin(), order.begin() + ptrdiff_t(n), order.end(),
+                      [&](llama_token a, llama_token b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    json entry            = token(chosen);
+    entry["top_logprobs"] = json::array();
+    for (size_t i = 0; i < n; ++i) {
+        entry["top_logprobs"].push_back(token(order[i]));
+    }
+    return entry;
 }
 
 // The text of the last user message replaced by a marker: the chat text before it is the part of the prompt that is
@@ -200,6 +251,20 @@ void chat_server::routes() {
     h.set_payload_max_length(64u << 20);
     h.set_tcp_nodelay(true);  // answers go out in small writes (stream chunks): no Nagle delay behind each
 
+    if (!o_.api_key.empty()) {  // OpenAI's 401 for a missing or wrong key; /health stays open for load balancers
+        h.set_pre_routing_handler([this](const httplib::Request & req, httplib::Response & res) {
+            if (req.path == "/health" || same_secret(req.get_header_value("Authorization"), "Bearer " + o_.api_key)) {
+                return httplib::Server::HandlerResponse::Unhandled;
+            }
+            ++stats_->errors;
+            res.status = 401;
+            json body  = error_body(request_error(401, "invalid_request_error", "",
+                                                  "Incorrect or missing API key: send 'Authorization: Bearer <key>'"));
+            body["error"]["code"] = "invalid_api_key";
+            res.set_content(body.dump(), "application/json");
+            return httplib::Server::HandlerResponse::Handled;
+        });
+    }
     h.Get("/health", [](const httplib::Request &, httplib::Response & res) {
         res.set_content(R"({"status":"ok"})", "application/json");
     });
@@ -214,20 +279,76 @@ void chat_server::routes() {
     h.Get("/metrics", [this](const httplib::Request &, httplib::Response & res) {
         res.set_content(metrics(), "text/plain; version=0.0.4");
     });
-    h.Post("/v1/chat/completions", [this](const httplib::Request & req, httplib::Response & res) {
-        ++stats_->requests;
-        try {
-            chat(req, res);
-        } catch (const request_error & e) {
-            ++stats_->errors;
-            res.status = e.status;
-            res.set_content(error_body(e).dump(), "application/json");
-        } catch (const std::exception & e) {
-            ++stats_->errors;
-            res.status = 500;
-            res.set_content(error_body(request_error(500, "server_error", "", e.what())).dump(), "application/json");
-        }
+    h.Post("/tokenize", [this](const httplib::Request & req, httplib::Response & res) {
+        answer_json(req, res, [&](const json & body) {
+            const json & content = body.contains("content") ? body["content"] : json();
+            if (!content.is_string()) {
+                throw bad_request("content", "'content' must be a string");
+            }
+            const json & special = body.contains("add_special") ? body["add_special"] : json(false);
+            const json & pieces  = body.contains("with_pieces") ? body["with_pieces"] : json(false);
+            if (!special.is_boolean() || !pieces.is_boolean()) {
+                throw bad_request(special.is_boolean() ? "with_pieces" : "add_special", "must be a boolean");
+            }
+            json tokens = json::array();
+            for (const llama_token t : s_.tokenize(content.get<std::string>(), special.get<bool>())) {
+                tokens.push_back(pieces.get<bool>() ? json{ { "id", t }, { "piece", s_.detokenize({ t }) } } : json(t));
+            }
+            return json{ { "tokens", tokens } };
+        });
     });
+    h.Post("/detokenize", [this](const httplib::Request & req, httplib::Response & res) {
+        answer_json(req, res, [&](const json & body) {
+            const json & tokens = body.contains("tokens") ? body["tokens"] : json();
+            const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(s_.model()));
+            std::vector<llama_token> ids;
+            for (const json & t : tokens.is_array() ? tokens : json::array({ nullptr })) {
+                if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= n_vocab) {
+                    throw bad_request("tokens", "'tokens' must be an array of token ids in [0, " +
+                                                    std::to_string(n_vocab) + ")");
+                }
+                ids.push_back(t.get<llama_token>());
+            }
+            return json{ { "content", s_.detokenize(ids) } };
+        });
+    });
+    h.Get("/props", [this](const httplib::Request &, httplib::Response & res) {
+        const char * tmpl = llama_model_chat_template(s_.model(), nullptr);
+        const json body = { { "model_alias", o_.model_name },
+                            { "model_path", s_.options().model_path },
+                            { "total_slots", o_.slots },
+                            { "chat_template", tmpl ? tmpl : "" },
+                            { "modalities", { { "vision", s_.has_projector() }, { "audio", false } } },
+                            { "default_generation_settings",
+                              { { "n_ctx", s_.n_ctx() }, { "max_tokens", o_.limits.max_tokens_default },
+                                { "kv_compression", o_.kv.compress ? o_.kv.server.key() : std::string(k_full_cache) } } } };
+        res.set_content(body.dump(), "application/json");
+    });
+    h.Get("/slots", [this](const httplib::Request &, httplib::Response & res) {
+        std::unique_lock<std::mutex> lock(slot_mutex_);
+        json                         slots = json::array();
+        for (int32_t i = 0; i < o_.slots; ++i) {  // slots are places in the concurrency limit: busy ones first
+            slots.push_back({ { "id", i }, { "n_ctx", s_.n_ctx() }, { "is_processing", i < busy_ } });
+        }
+        res.set_content(slots.dump(), "application/json");
+    });
+    for (const auto & [path, parse] : { std::pair{ "/v1/chat/completions", &parse_chat_request },
+                                        std::pair{ "/v1/completions", &parse_completion_request } }) {
+        h.Post(path, [this, parse](const httplib::Request & req, httplib::Response & res) {
+            ++stats_->requests;
+            try {
+                chat(req, res, parse);
+            } catch (const request_error & e) {
+                ++stats_->errors;
+                res.status = e.status;
+                res.set_content(error_body(e).dump(), "application/json");
+            } catch (const std::exception & e) {
+                ++stats_->errors;
+                res.status = 500;
+                res.set_content(error_body(request_error(500, "server_error", "", e.what())).dump(), "application/json");
+            }
+        });
+    }
     h.set_error_handler([](const httplib::Request &, httplib::Response & res) {
         if (res.body.empty()) {
             const std::string what = res.status == 404 ? "no such endpoint"
@@ -256,12 +377,12 @@ std::shared_ptr<chat_server::slot_guard> chat_server::acquire() {
     return std::shared_ptr<slot_guard>(new slot_guard(*this));  // no temporary: its destructor would free a slot
 }
 
-void chat_server::chat(const httplib::Request & req, httplib::Response & res) {
+void chat_server::chat(const httplib::Request & req, httplib::Response & res, request_parser parse) {
     const json body = json::parse(req.body, nullptr, false);
     if (body.is_discarded()) {
         throw bad_request("", "the request body is not valid JSON");
     }
-    chat_request r = parse_chat_request(body, o_.limits);
+    chat_request r = parse(body, o_.limits);
     if (!r.model.empty() && r.model != o_.model_name) {
         throw request_error(404, "invalid_request_error", "model",
                             "the model '" + r.model + "' does not exist; this server serves '" + o_.model_name + "'");
@@ -285,14 +406,14 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
     t->id      = "chatcmpl-" + std::to_string(t->created) + "-" + std::to_string(stats_->requests.load());
     std::optional<el::prompt> p;
     try {
-        p.emplace(s_.make_prompt_from_memory(s_.chat_text(r.messages), r.images));
+        p.emplace(s_.make_prompt_from_memory(r.prompt_text ? *r.prompt_text : s_.chat_text(r.messages), r.images));
     } catch (const ecokv::error & e) {
-        throw bad_request("messages", e.what());
+        throw bad_request(r.prompt_text ? "prompt" : "messages", e.what());
     }
     const std::vector<uint64_t> & units = p->units();
     t->prompt_cells                     = p->n_cells();
     if (int64_t(t->prompt_cells) + r.max_tokens > s_.n_ctx()) {
-        throw request_error(400, "invalid_request_error", "messages",
+        throw request_error(400, "invalid_request_error", r.prompt_text ? "prompt" : "messages",
                             "the prompt (" + std::to_string(t->prompt_cells) + " tokens) plus max_tokens (" +
                                 std::to_string(r.max_tokens) + ") exceeds the context of " +
                                 std::to_string(s_.n_ctx()));
@@ -308,7 +429,7 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
         ++stats_->hits;
     } else {  // prefill what comes before the question, compress it, then the question
         size_t split = units.size();
-        if (c.enabled) {
+        if (c.enabled && !r.prompt_text) {  // a completion's whole prompt is compressed, as ecokv run's
             const el::prompt before = s_.make_prompt_from_memory(before_question(s_, r.messages, "\x01" "ECOKV" "\x01"), r.images);
             split = std::mismatch(before.units().begin(), before.units().end(), units.begin(), units.end()).first -
                     before.units().begin();
@@ -347,14 +468,31 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
 void chat_server::generate(turn & t, httplib::DataSink & sink) {
     const chat_request & r = t.req;
     std::mt19937_64      rng(r.has_seed ? r.seed : std::random_device{}());
-    auto                 chunk = [&](const json & delta, const json & finish) {
-        json c = { { "id", t.id },       { "object", "chat.completion.chunk" }, { "created", t.created },
-                   { "model", t.model }, { "choices", json::array({ { { "index", 0 }, { "delta", delta },
-                                                                       { "finish_reason", finish } } }) } };
-        return c;
+    const bool           completion = r.prompt_text.has_value();
+    auto                 chunk = [&](const json & delta, const json & finish) {  // a completion's delta is its text
+        json choice = { { "index", 0 }, { "finish_reason", finish } };
+        if (completion) {
+            choice["text"]     = delta.value("content", "");
+            choice["logprobs"] = nullptr;
+        } else {
+            choice["delta"] = delta;
+        }
+        return json{ { "id", t.id },       { "object", completion ? "text_completion" : "chat.completion.chunk" },
+                     { "created", t.created }, { "model", t.model }, { "choices", json::array({ choice }) } };
     };
     auto send = [&](const std::string & s) { return sink.write(s.data(), s.size()); };
-    if (r.stream && !send("data: " + chunk({ { "role", "assistant" }, { "content", "" } }, nullptr).dump() + "\n\n")) {
+    // A streamed piece of text, with the log-probabilities of the tokens since the last piece when asked.
+    json logprobs = json::array(), pending = json::array();  // every step's entry; those not streamed yet
+    auto content_chunk = [&](const std::string & piece) {
+        json c = chunk({ { "content", piece } }, nullptr);
+        if (r.logprobs) {
+            c["choices"][0]["logprobs"] = { { "content", pending } };
+            pending                     = json::array();
+        }
+        return c.dump();
+    };
+    if (r.stream && !completion &&
+        !send("data: " + chunk({ { "role", "assistant" }, { "content", "" } }, nullptr).dump() + "\n\n")) {
         ++stats_->cancelled;
         return;
     }
@@ -370,6 +508,11 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
                 finish = "stop";
                 break;
             }
+            if (r.logprobs) {
+                const json e = logprob_entry(s_, t.seq->logits(), tok, r.top_logprobs);
+                logprobs.push_back(e);
+                pending.push_back(e);
+            }
             out.push_back(tok);
             text         = s_.detokenize(out);
             size_t ready = text.size() - held_back(text, r.stop);
@@ -381,8 +524,7 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
                 }
             }
             // Streamed text as it is ready; otherwise a space (JSON allows it) tells a closed connection apart.
-            alive = ready > sent && r.stream ? send("data: " + chunk({ { "content", text.substr(sent, ready - sent) } },
-                                                                     nullptr).dump() + "\n\n")
+            alive = ready > sent && r.stream ? send("data: " + content_chunk(text.substr(sent, ready - sent)) + "\n\n")
                                              : send(" ");
             sent = std::max(sent, ready);
             if (finish == "stop") {
@@ -424,13 +566,26 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
         { "kv_bytes_full", uint64_t(t.prompt_cells + int32_t(out.size())) * t.seq->kv_bytes_per_cell() },
     };
     if (r.stream) {
-        if (sent < text.size()) {
-            send("data: " + chunk({ { "content", text.substr(sent) } }, nullptr).dump() + "\n\n");
+        if (sent < text.size() || !pending.empty()) {
+            send("data: " + content_chunk(text.substr(sent)) + "\n\n");
         }
-        json last     = chunk(json::object(), finish);
-        last["usage"] = usage;
-        send("data: " + last.dump() + "\n\n");
+        send("data: " + chunk(json::object(), finish).dump() + "\n\n");
+        if (r.include_usage) {  // as OpenAI: one more chunk, with no choices, carrying the usage
+            json last       = chunk(json::object(), nullptr);
+            last["choices"] = json::array();
+            last["usage"]   = usage;
+            send("data: " + last.dump() + "\n\n");
+        }
         send("data: [DONE]\n\n");
+        return;
+    }
+    if (completion) {
+        const json body = { { "id", t.id }, { "object", "text_completion" }, { "created", t.created },
+                            { "model", t.model },
+                            { "choices", json::array({ { { "index", 0 }, { "text", text }, { "logprobs", nullptr },
+                                                         { "finish_reason", finish } } }) },
+                            { "usage", usage } };
+        send(body.dump());
         return;
     }
     const json body = { { "id", t.id },
@@ -439,7 +594,7 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
                         { "model", t.model },
                         { "choices", json::array({ { { "index", 0 },
                                                      { "message", { { "role", "assistant" }, { "content", text } } },
-                                                     { "logprobs", nullptr },
+                                                     { "logprobs", r.logprobs ? json{ { "content", logprobs } } : json() },
                                                      { "finish_reason", finish } } }) },
                         { "usage", usage } };
     send(body.dump());

@@ -1,5 +1,6 @@
 // ecokv serve: an OpenAI-compatible chat server (cpp-httplib) whose conversations live in compressed, reusable
-// caches. POST /v1/chat/completions, GET /v1/models, /health and /metrics.
+// caches. POST /v1/chat/completions and /v1/completions, /tokenize, /detokenize; GET /v1/models, /props, /slots,
+// /health and /metrics.
 #pragma once
 
 #include "chat-request.h"
@@ -32,6 +33,7 @@ struct serve_options {
     std::string              model_name;         // what /v1/models lists and requests may name
     compression_defaults     kv;                 // the server's method flags, default on/off, head scores
     request_limits           limits;
+    std::string              api_key;            // non-empty: every endpoint but /health needs "Bearer <key>"
 };
 
 class chat_server {
@@ -54,7 +56,8 @@ class chat_server {
     void                        routes();
     std::string                 metrics() const;
     std::shared_ptr<slot_guard> acquire();
-    void                        chat(const httplib::Request & req, httplib::Response & res);
+    using request_parser = chat_request (*)(const nlohmann::json &, const request_limits &);
+    void                        chat(const httplib::Request & req, httplib::Response & res, request_parser parse);
     std::shared_ptr<turn>       prepare(chat_request r, const compression & c);
     void                        generate(turn & t, httplib::DataSink & sink);
 

@@ -40,13 +40,18 @@ using model_ptr = std::unique_ptr<llama_model, model_deleter>;
 // llama.cpp's and mtmd's log below errors is silenced unless verbose (process-wide).
 void set_verbose(bool verbose);
 
+// What -t 0 means: the physical cores of the CPUs this process may run on (its affinity mask, one per set of
+// hyperthread siblings), capped by a cgroup v2 CPU quota; as llama.cpp's tools default to the physical cores.
+int32_t default_thread_count();
+
 // The engine's options; ecokv/llama-options.h has them as a table with llama.cpp's names.
 struct session_options {
     std::string           model_path;               // GGUF model
     std::string           mmproj_path;              // libmtmd projector GGUF, or empty for text only
     int32_t               n_ctx      = 0;           // most cells a sequence holds, prompt and new tokens; 0: the
                                                     // model's training context
-    int32_t               n_threads  = 0;           // 0: llama.cpp's default
+    int32_t               n_threads  = 0;           // compute threads; 0: default_thread_count()
+    int32_t               n_threads_batch = 0;      // threads of prompt (batch) processing; 0: n_threads
     int32_t               n_batch    = 2048;        // logical batch, capped at the context size
     int32_t               n_ubatch   = 0;           // physical batch; 0: llama.cpp's default
     llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;
