@@ -214,3 +214,9 @@ for bad in '{"prompt": 5}|prompt' '{"prompt": "x", "echo": true}|echo' '{"prompt
     [[ $status == 400 ]] && grep -q "\"param\":\"${bad#*|}\"" "$DIR/out" || { echo "not ok - ${bad#*|}: $status $(cat "$DIR/out")"; exit 1; }
 done
 echo "ok - /v1/completions ('$text', streamed alike; a bad prompt, echo and logprobs refused)"
+
+# Connections that cannot starve the server: 200 slow clients, a deadline for each request, a cap on connections.
+start slow --request-timeout 3 --max-tokens 4
+slow_port=$(cat "$DIR/slow.port")
+start capped --max-connections 20
+python3 "$ROOT/tests/server/slow-clients.py" "$slow_port" 3 "$(cat "$DIR/capped.port")" 20

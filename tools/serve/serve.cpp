@@ -62,6 +62,8 @@ int ecokv_serve(int argc, char ** argv) {
             ("max-tokens", "tokens generated when a request gives no max_tokens", cxxopts::value<int32_t>()->default_value("128"))
             ("full", "keep full caches unless a request asks for kv_compression")
             ("model-name", "the name /v1/models lists (default: the model file's name)", cxxopts::value<std::string>())
+            ("max-connections", "HTTP connections open at once; past it a 503 and the connection closed", cxxopts::value<int32_t>()->default_value("256"))
+            ("request-timeout", "seconds a connection has to send a request's headers and body", cxxopts::value<int32_t>()->default_value("10"))
             ("api-key", "require 'Authorization: Bearer KEY' on every endpoint but /health", cxxopts::value<std::string>())
             ("api-key-file", "read the API key from this file's first line", cxxopts::value<std::string>())
             ("verbose", "show llama.cpp's log")
@@ -85,6 +87,8 @@ int ecokv_serve(int argc, char ** argv) {
         so.cache_bytes = uint64_t(ecokv::tools::int_in_range(args, "cache-mib", 0, 1 << 20)) << 20;
         so.limits.max_tokens_default = ecokv::tools::int_in_range(args, "max-tokens", 1, 1 << 20);
         so.api_key     = api_key_from(args);
+        so.max_connections   = ecokv::tools::int_in_range(args, "max-connections", 1, 16384);
+        so.request_timeout_s = ecokv::tools::int_in_range(args, "request-timeout", 1, 3600);
         so.kv.compress = args.count("full") == 0;
         so.kv.server   = ecokv::tools::compression_from(args);
         so.kv.server.validate();  // now, as a request without kv_compression would use them

@@ -1,5 +1,7 @@
 #include "server.h"
 
+#include "connections.h"
+
 #include "ecokv/error.h"
 
 #include <httplib.h>
@@ -195,7 +197,9 @@ bool chat_server::listen() {
     if (port_ <= 0 && bind() <= 0) {
         return false;
     }
-    return http_->listen_after_bind();
+    const bool ok = http_->listen_after_bind();
+    connections_  = nullptr;  // cpp-httplib deleted it
+    return ok;
 }
 
 void chat_server::stop() {
@@ -239,6 +243,13 @@ std::string chat_server::metrics() const {
     add("kv_cache_evictions_total", "counter", "conversations evicted to stay within --cache-mib",
         double(t.evictions));
     std::unique_lock<std::mutex> lock(slot_mutex_);
+    if (const connection_pool * pool = connections_) {
+        const auto c = pool->totals_now();
+        add("connections_open", "gauge", "HTTP connections open", double(c.open));
+        add("connections_refused_total", "counter", "connections refused past --max-connections", double(c.refused));
+        add("connections_timed_out_total", "counter",
+            "connections closed for not sending their request within --request-timeout", double(c.timed_out));
+    }
     add("slots_busy", "gauge", "requests generating now", double(busy_));
     add("requests_waiting", "gauge", "requests waiting for a slot", double(waiting_));
     return out;
@@ -246,11 +257,28 @@ std::string chat_server::metrics() const {
 
 void chat_server::routes() {
     httplib::Server & h   = *http_;
-    const int32_t     pool = o_.slots + o_.queue + 4;  // every slot, every queued request, health checks
-    h.new_task_queue      = [pool] { return new httplib::ThreadPool(size_t(pool)); };
+    h.new_task_queue = [this] {  // a thread per connection, a cap, a deadline for each request to arrive
+        auto * pool  = new connection_pool(port_, size_t(o_.max_connections), std::chrono::seconds(o_.request_timeout_s));
+        connections_ = pool;
+        return pool;
+    };
+    h.set_read_timeout(5);  // per read and write; the whole request's deadline is the pool's
+    h.set_write_timeout(5);
+    h.set_keep_alive_timeout(5);
+    h.set_keep_alive_max_count(100);
+    h.set_logger([](const httplib::Request &, const httplib::Response &) { connection_pool::answer_sent(); });
     h.set_payload_max_length(64u << 20);
     h.set_tcp_nodelay(true);  // answers go out in small writes (stream chunks): no Nagle delay behind each
 
+    // Every handler runs once its request's body is read: the connection's deadline stops there.
+    const auto received = [](httplib::Server::Handler f) {
+        return [f = std::move(f)](const httplib::Request & req, httplib::Response & res) {
+            connection_pool::request_received();
+            f(req, res);
+        };
+    };
+    const auto get  = [&](const char * path, httplib::Server::Handler f) { h.Get(path, received(std::move(f))); };
+    const auto post = [&](const char * path, httplib::Server::Handler f) { h.Post(path, received(std::move(f))); };
     if (!o_.api_key.empty()) {  // OpenAI's 401 for a missing or wrong key; /health stays open for load balancers
         h.set_pre_routing_handler([this](const httplib::Request & req, httplib::Response & res) {
             if (req.path == "/health" || same_secret(req.get_header_value("Authorization"), "Bearer " + o_.api_key)) {
@@ -265,10 +293,10 @@ void chat_server::routes() {
             return httplib::Server::HandlerResponse::Handled;
         });
     }
-    h.Get("/health", [](const httplib::Request &, httplib::Response & res) {
+    get("/health", [](const httplib::Request &, httplib::Response & res) {
         res.set_content(R"({"status":"ok"})", "application/json");
     });
-    h.Get("/v1/models", [this](const httplib::Request &, httplib::Response & res) {
+    get("/v1/models", [this](const httplib::Request &, httplib::Response & res) {
         const json body = { { "object", "list" },
                             { "data", json::array({ { { "id", o_.model_name },
                                                       { "object", "model" },
@@ -276,10 +304,10 @@ void chat_server::routes() {
                                                       { "owned_by", "ecokv" } } }) } };
         res.set_content(body.dump(), "application/json");
     });
-    h.Get("/metrics", [this](const httplib::Request &, httplib::Response & res) {
+    get("/metrics", [this](const httplib::Request &, httplib::Response & res) {
         res.set_content(metrics(), "text/plain; version=0.0.4");
     });
-    h.Post("/tokenize", [this](const httplib::Request & req, httplib::Response & res) {
+    post("/tokenize", [this](const httplib::Request & req, httplib::Response & res) {
         answer_json(req, res, [&](const json & body) {
             const json & content = body.contains("content") ? body["content"] : json();
             if (!content.is_string()) {
@@ -297,7 +325,7 @@ void chat_server::routes() {
             return json{ { "tokens", tokens } };
         });
     });
-    h.Post("/detokenize", [this](const httplib::Request & req, httplib::Response & res) {
+    post("/detokenize", [this](const httplib::Request & req, httplib::Response & res) {
         answer_json(req, res, [&](const json & body) {
             const json & tokens = body.contains("tokens") ? body["tokens"] : json();
             const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(s_.model()));
@@ -312,7 +340,7 @@ void chat_server::routes() {
             return json{ { "content", s_.detokenize(ids) } };
         });
     });
-    h.Get("/props", [this](const httplib::Request &, httplib::Response & res) {
+    get("/props", [this](const httplib::Request &, httplib::Response & res) {
         const char * tmpl = llama_model_chat_template(s_.model(), nullptr);
         const json body = { { "model_alias", o_.model_name },
                             { "model_path", s_.options().model_path },
@@ -324,7 +352,7 @@ void chat_server::routes() {
                                 { "kv_compression", o_.kv.compress ? o_.kv.server.key() : std::string(k_full_cache) } } } };
         res.set_content(body.dump(), "application/json");
     });
-    h.Get("/slots", [this](const httplib::Request &, httplib::Response & res) {
+    get("/slots", [this](const httplib::Request &, httplib::Response & res) {
         std::unique_lock<std::mutex> lock(slot_mutex_);
         json                         slots = json::array();
         for (int32_t i = 0; i < o_.slots; ++i) {  // slots are places in the concurrency limit: busy ones first
@@ -334,7 +362,7 @@ void chat_server::routes() {
     });
     for (const auto & [path, parse] : { std::pair{ "/v1/chat/completions", &parse_chat_request },
                                         std::pair{ "/v1/completions", &parse_completion_request } }) {
-        h.Post(path, [this, parse](const httplib::Request & req, httplib::Response & res) {
+        post(path, [this, parse](const httplib::Request & req, httplib::Response & res) {
             ++stats_->requests;
             try {
                 chat(req, res, parse);

@@ -24,6 +24,8 @@ class DataSink;
 
 namespace ecokv::serve {
 
+class connection_pool;
+
 struct serve_options {
     std::string              host = "127.0.0.1";
     int                      port = 8080;        // 0: any free port (see chat_server::port)
@@ -34,6 +36,8 @@ struct serve_options {
     compression_defaults     kv;                 // the server's method flags, default on/off, head scores
     request_limits           limits;
     std::string              api_key;            // non-empty: every endpoint but /health needs "Bearer <key>"
+    int32_t                  max_connections = 256;   // open at once; past it a 503 and the connection closed
+    int32_t                  request_timeout_s = 10;  // a request's headers and body must arrive within it
 };
 
 class chat_server {
@@ -66,6 +70,7 @@ class chat_server {
     std::unique_ptr<httplib::Server> http_;
     conversation_cache               cache_;
     std::unique_ptr<stats>           stats_;
+    std::atomic<connection_pool *>   connections_{ nullptr };  // while listening
     int                              port_ = 0;
 
     mutable std::mutex      slot_mutex_;
