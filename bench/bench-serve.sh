@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Load test of ecokv serve on the bundled tiny VLM (bench/bench-serve.mjs, Node's fetch).
-#   bench/bench-serve.sh [build/bin/ecokv] [seconds per point]
+#   bench/bench-serve.sh [build/bin/ecokv] [seconds per point]     (SERVE_ARGS="-t 1": more server options)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ECOKV=${1:-$ROOT/build/bin/ecokv}
 DIR=$(mktemp -d)
-"$ECOKV" serve --port 0 --port-file "$DIR/port" --slots 2 --queue 64 --cache-mib 1024 2> "$DIR/log" &
+"$ECOKV" serve --port 0 --port-file "$DIR/port" --slots 2 --queue 64 --cache-mib 1024 ${SERVE_ARGS:-} 2> "$DIR/log" &
 PID=$!
 trap 'kill $PID 2>/dev/null; rm -rf "$DIR"' EXIT
 for _ in $(seq 300); do [[ -s "$DIR/port" ]] && break; sleep 0.1; done
