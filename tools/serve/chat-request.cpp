@@ -170,8 +170,9 @@ void refuse_unsupported_fields(const json & body, std::span<const char * const> 
         if (value.is_null() || in(k_common_fields, name) || in(own, name)) {
             continue;
         }
-        const auto rule = std::find_if(std::begin(k_neutral_fields), std::end(k_neutral_fields),
-                                       [&](const neutral_field & f) { return name == f.name; });
+        const std::string & key  = name;  // clang 14 cannot capture a structured binding
+        const auto          rule = std::find_if(std::begin(k_neutral_fields), std::end(k_neutral_fields),
+                                                [&](const neutral_field & f) { return key == f.name; });
         if (rule == std::end(k_neutral_fields)) {
             throw bad_request(name, "unknown field '" + name + "'");
         }

@@ -360,9 +360,10 @@ void chat_server::routes() {
         }
         res.set_content(slots.dump(), "application/json");
     });
-    for (const auto & [path, parse] : { std::pair{ "/v1/chat/completions", &parse_chat_request },
-                                        std::pair{ "/v1/completions", &parse_completion_request } }) {
-        post(path, [this, parse](const httplib::Request & req, httplib::Response & res) {
+    for (const auto & route : { std::pair{ "/v1/chat/completions", &parse_chat_request },
+                                std::pair{ "/v1/completions", &parse_completion_request } }) {
+        const request_parser parse = route.second;  // not a structured binding: clang 14 cannot capture those
+        post(route.first, [this, parse](const httplib::Request & req, httplib::Response & res) {
             ++stats_->requests;
             try {
                 chat(req, res, parse);
