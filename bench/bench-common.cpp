@@ -99,7 +99,7 @@ std::optional<cxxopts::ParseResult> parse_bench_options(cxxopts::Options & spec,
         ("h,help", "show this help");
     // clang-format on
     add_model_options(spec);
-    return tools::parse_options(spec, argc, argv, tools::engine_aliases());
+    return tools::parse_engine_command(spec, argc, argv);
 }
 
 output_options read_output_options(const cxxopts::ParseResult & args) {

@@ -33,7 +33,7 @@ set(ECOKV_CONFIG_LLAMA_DIR "")
 if (TARGET ecokv-llama AND ECOKV_LLAMA_INSTALLABLE)
     if (ECOKV_LLAMA_ROUTE STREQUAL "source")
         set(ECOKV_CONFIG_LLAMA bundled)
-        foreach (t ggml-base ggml-cpu ggml llama mtmd)  # dependency order
+        foreach (t ggml-base ggml-cpu ${ECOKV_BACKEND_TARGET} ggml llama mtmd)  # dependency order
             if (NOT TARGET ${t})
                 continue()
             endif()

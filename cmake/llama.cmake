@@ -30,6 +30,21 @@ option(ECOKV_LLAMA_NATIVE "Build ggml with -march=native (non-portable binaries)
 # instead of into every test, the code is PIC (usable from our own shared modules), and it is the
 # same shape as the installed route. CMake sets the build-tree RPATH, so tests run in place.
 option(ECOKV_LLAMA_SHARED "Build llama/mtmd/ggml as shared libraries (routes a, c)" ON)
+# The GPU backend ggml is built with besides the CPU (routes a, c): llama.cpp's GGML_VULKAN, GGML_CUDA or GGML_METAL.
+# docs/gpu.md says what each needs; scripts/setup.sh --backend installs it on Debian.
+set(ECOKV_BACKEND "cpu" CACHE STRING "ggml backend besides the CPU: cpu, vulkan, cuda or metal")
+set_property(CACHE ECOKV_BACKEND PROPERTY STRINGS cpu vulkan cuda metal)
+set(_ecokv_backend_flag_cpu "")
+set(_ecokv_backend_flag_vulkan GGML_VULKAN)
+set(_ecokv_backend_flag_cuda GGML_CUDA)
+set(_ecokv_backend_flag_metal GGML_METAL)
+if(NOT DEFINED _ecokv_backend_flag_${ECOKV_BACKEND})
+  message(FATAL_ERROR "ecokv: ECOKV_BACKEND '${ECOKV_BACKEND}' is not one of cpu, vulkan, cuda, metal")
+endif()
+set(ECOKV_BACKEND_TARGET "")  # the backend's ggml library, installed beside the others
+if(NOT ECOKV_BACKEND STREQUAL "cpu")
+  set(ECOKV_BACKEND_TARGET ggml-${ECOKV_BACKEND})
+endif()
 
 # Adds the tree with the options of the notes (§7). The function scope keeps these variables
 # (BUILD_SHARED_LIBS, CMAKE_CXX_STANDARD, ...) away from the rest of our project; llama.cpp's
@@ -47,13 +62,20 @@ function(_ecokv_add_llama_subdir src)
   set(BUILD_SHARED_LIBS ${ECOKV_LLAMA_SHARED})
   set(CMAKE_CXX_STANDARD 17)            # llama.cpp is C++17 code; don't compile it as our C++20
   set(GGML_NATIVE ${ECOKV_LLAMA_NATIVE})
+  foreach(b vulkan cuda metal)
+    if(ECOKV_BACKEND STREQUAL b)
+      set(${_ecokv_backend_flag_${b}} ON)
+    else()
+      set(${_ecokv_backend_flag_${b}} OFF)
+    endif()
+  endforeach()
   # Installed next to each other (cmake/install.cmake): libllama and libmtmd find libggml* by $ORIGIN.
   set(CMAKE_INSTALL_RPATH "$ORIGIN")
   set(LLAMA_BUILD_MTMD ON)              # libmtmd without the tools/ tree
   foreach(v LLAMA_BUILD_COMMON LLAMA_BUILD_TESTS LLAMA_BUILD_TOOLS LLAMA_BUILD_EXAMPLES
             LLAMA_BUILD_SERVER LLAMA_BUILD_APP LLAMA_SUBPROCESS LLAMA_OPENSSL MTMD_VIDEO
             GGML_BUILD_TESTS GGML_BUILD_EXAMPLES)
-    set(${v} OFF)                       # CPU only, no network/HTTP/ffmpeg, nothing but the libs
+    set(${v} OFF)                       # no network/HTTP/ffmpeg, nothing but the libs
   endforeach()
   # EXCLUDE_FROM_ALL: only what we link gets built, and none of llama.cpp's own install rules run
   # (cmake/install.cmake installs the five libraries ecokv::llama needs, and their public headers).

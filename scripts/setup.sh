@@ -4,17 +4,41 @@
 # default: the tiny VLM (models/tiny-vlm.md) prefills a receipt image, SnapKV + ECOKV compresses its KV cache to
 # 64 entries per head, then the question is asked and answered from the smaller cache and compared with the
 # full cache.
-#   scripts/setup.sh [--no-demo] [--training]
+#   scripts/setup.sh [--no-demo] [--training] [--backend cpu|vulkan|cuda]
+# --backend builds llama.cpp's ggml with that GPU backend besides the CPU (docs/gpu.md), into build/ for cpu (the
+# default) and build-<backend>/ otherwise: vulkan installs Debian's Vulkan loader, headers and glslc (and Mesa's
+# lavapipe, a Vulkan device on the CPU that the tests use); cuda needs NVIDIA's CUDA toolkit (nvcc), which Debian's
+# main archive does not have: install it first.
 # --training also installs what vlm/train*.py need (PyTorch with OpenBLAS); CI does not train. Pillow draws
 # tiny-qwen2vl's pages (vlm/gen_pages.py), matplotlib the plots of ecokv analyze.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+backend=cpu
+args=("$@")
+for ((i = 0; i < ${#args[@]}; ++i)); do
+    case "${args[i]}" in
+        --backend) backend="${args[i + 1]:-}" ;;
+        --backend=*) backend="${args[i]#--backend=}" ;;
+    esac
+done
+case "$backend" in
+    cpu | vulkan | cuda) ;;
+    *) echo "setup.sh: --backend must be cpu, vulkan or cuda, not '$backend'" >&2; exit 2 ;;
+esac
+if [ "$backend" = cuda ] && ! command -v nvcc >/dev/null 2>&1; then
+    echo "setup.sh: --backend cuda needs NVIDIA's CUDA toolkit (nvcc on PATH); it is not in Debian's main archive" >&2
+    exit 2
+fi
+build_dir=build
+[ "$backend" = cpu ] || build_dir="build-$backend"
 
 packages=(build-essential cmake ninja-build git pkg-config libgtest-dev libgmock-dev libbenchmark-dev
           nlohmann-json3-dev libcxxopts-dev libcpp-httplib-dev curl python3-numpy python3-pil python3-matplotlib)
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)  # npm fetches the llama.cpp source
 # Without libopenblas0-pthread Debian's torch runs on the reference BLAS, about 9x slower.
 [[ " $* " == *" --training "* ]] && packages+=(python3-torch libopenblas0-pthread)
+[ "$backend" = vulkan ] && packages+=(libvulkan-dev glslc mesa-vulkan-drivers)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -31,13 +55,15 @@ fi
 bash scripts/fetch-llama.sh
 echo "== test clients for ecokv serve (npm: openai, autocannon; tests/server/package-lock.json)"
 (cd tests/server && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
-echo "== building (build/)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)"
+echo "== building ($build_dir/, backend $backend)"
+generator=()
+[ -f "$build_dir/CMakeCache.txt" ] || generator=(-G Ninja)
+cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DECOKV_BACKEND="$backend" >/dev/null
+cmake --build "$build_dir" -j"$(nproc)"
 
 [[ " $* " == *" --no-demo "* ]] && exit 0
 
 echo "== main job: the bundled tiny VLM reads a receipt; its KV cache is compressed to 64 entries per head with"
 echo "   snapkv+ecokv before the question is asked"
-build/bin/ecokv run --image models/tiny-vlm-sample.png --question "What is the TOTAL?" --method snapkv+ecokv \
+"$build_dir"/bin/ecokv run --image models/tiny-vlm-sample.png --question "What is the TOTAL?" --method snapkv+ecokv \
     --budget 64 --compare-full

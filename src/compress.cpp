@@ -45,6 +45,9 @@ class run {
             ECOKV_THROW("method %s needs the queries of every prompt token; capture with --full-queries",
                         spec.name().c_str());
         }
+        if (requirements(spec, params).values && !cap.has_values()) {
+            ECOKV_THROW("method %s reads the value rows, which the capture does not hold", spec.name().c_str());
+        }
         stats_.resize(n_heads());
     }
 

@@ -17,6 +17,7 @@ namespace ecokv {
 enum stat_flags : unsigned {
     stat_window_attention = 1u << 0,  // a0 (SPEC §3.1 before pooling)
     stat_accum_attention  = 1u << 1,  // H2O accumulated attention (SPEC §3.4); needs full queries
+    stat_values           = 1u << 2,  // the scorer reads value rows (value norms, SPEC §3.2): the capture holds them
 };
 
 // Capture fields beyond keys, values and window queries that a method reads.

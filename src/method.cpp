@@ -55,6 +55,7 @@ method_requirements & method_requirements::operator|=(const method_requirements 
     full_queries     = full_queries || other.full_queries;
     modality         = modality || other.modality;
     head_scores      = head_scores || other.head_scores;
+    values           = values || other.values;
     return *this;
 }
 
@@ -63,7 +64,7 @@ method_requirements requirements(const method_spec & spec, const method_params &
     const allocator_entry & a     = find_allocator(spec.allocator);
     const unsigned          needs = s.needs | a.needs;
     return { method_window(spec, params), (needs & stat_accum_attention) != 0, (a.inputs & input_modality) != 0,
-             (a.inputs & input_head_scores) != 0 };
+             (a.inputs & input_head_scores) != 0, (needs & stat_values) != 0 || params.merge != merge_kind::none };
 }
 
 void check_chunk(const method_spec & spec, const method_params & params, int32_t n_chunk) {

@@ -129,7 +129,20 @@ std::string name_of(const option_spec & o) { return "--" + o.flag(); }
 // Text parsed whole as the row's kind; numbers checked for the kind. Throws option_error.
 option_value converted(const option_spec & o, const option_value & v) {
     const std::string * text = std::get_if<std::string>(&v);
-    if (o.kind == choice || o.kind == method || o.kind == path) {
+    if (o.kind == option_kind::flag) {
+        const int64_t * i = std::get_if<int64_t>(&v);
+        if ((text && (*text == "true" || *text == "1")) || (i && *i == 1)) {
+            return int64_t(1);
+        }
+        if ((text && (*text == "false" || *text == "0")) || (i && *i == 0)) {
+            return int64_t(0);
+        }
+        throw option_error(std::string(o.key), name_of(o) + " takes no value (or true/false), not " + quoted_value(v));
+    }
+    if (o.kind == integer && text && std::find(o.choices.begin(), o.choices.end(), *text) != o.choices.end()) {
+        return v;  // a word the row takes besides numbers ("auto")
+    }
+    if (o.kind == choice || o.kind == method || o.kind == path || o.kind == option_kind::text) {
         if (text == nullptr || text->empty()) {
             throw option_error(std::string(o.key), name_of(o) + " must be " +
                                                        (o.kind == choice ? choices_text(o) : "a non-empty string"));
@@ -151,7 +164,8 @@ option_value converted(const option_spec & o, const option_value & v) {
         const char * end = text->data() + text->size();
         const auto   r   = std::from_chars(text->data(), end, x);
         if (text->empty() || r.ec != std::errc() || r.ptr != end) {
-            throw option_error(std::string(o.key), name_of(o) + " " + quoted_value(v) + " is not a number");
+            throw option_error(std::string(o.key), name_of(o) + " " + quoted_value(v) + " is not a number" +
+                                                       (o.choices.empty() ? "" : " (nor " + choices_text(o) + ")"));
         }
     } else if (const int64_t * i = std::get_if<int64_t>(&v)) {
         x = double(*i);
@@ -177,7 +191,7 @@ option_value converted(const option_spec & o, const option_value & v) {
 }
 
 void check_range(const option_spec & o, const option_value & v) {
-    if (o.kind != integer && o.kind != number) {
+    if ((o.kind != integer && o.kind != number) || std::holds_alternative<std::string>(v)) {
         return;
     }
     const double x   = std::holds_alternative<int64_t>(v) ? double(std::get<int64_t>(v)) : std::get<double>(v);

@@ -34,6 +34,7 @@ namespace {
 
 constexpr unsigned k_attn  = stat_window_attention;
 constexpr unsigned k_accum = stat_accum_attention;
+constexpr unsigned k_vals  = stat_values;
 constexpr unsigned k_mod   = input_modality;
 constexpr unsigned k_hs    = input_head_scores;
 
@@ -43,11 +44,11 @@ const scorer_entry k_scorers[] = {
     { "snapkv",       "pooled window attention (SnapKV, arXiv:2404.14469)",                      32, k_attn,  scorers::make_snapkv },
     { "knorm",        "attention + low key norm (KNorm, arXiv:2406.11430; MixKV form)",          32, k_attn,  scorers::make_knorm },
     { "knorm-only",   "low key norm alone, attention-free (arXiv:2406.11430)",                   32, 0,       scorers::make_knorm_only },
-    { "vnorm",        "attention + value norm (InfiniPot-V arXiv:2506.15745; MixKV form)",       32, k_attn,  scorers::make_vnorm },
+    { "vnorm",        "attention + value norm (InfiniPot-V arXiv:2506.15745; MixKV form)",       32, k_attn | k_vals, scorers::make_vnorm },
     { "keydiff",      "key dissimilarity to the mean key direction (KeyDiff, arXiv:2504.15364)", 32, 0,       scorers::make_keydiff },
     { "manifoldkv",   "Euclidean distance to the key centroid (ManifoldKV, arXiv:2602.08343)",   32, 0,       scorers::make_manifoldkv },
-    { "mixkv",        "importance + cosine diversity by head redundancy (MixKV, arXiv:2510.20707)", 32, k_attn, scorers::make_mixkv },
-    { "ecokv",        "importance + Euclidean/cosine diversity, head-adaptive (ECOKV)",          4,  k_attn,  scorers::make_ecokv },
+    { "mixkv",        "importance + cosine diversity by head redundancy (MixKV, arXiv:2510.20707)", 32, k_attn | k_vals, scorers::make_mixkv },
+    { "ecokv",        "importance + Euclidean/cosine diversity, head-adaptive (ECOKV)",          4,  k_attn | k_vals, scorers::make_ecokv },
     { "h2o",          "accumulated causal attention of all prompt queries (H2O, arXiv:2306.14048)", 32, k_accum, scorers::make_h2o },
     { "streamingllm", "4 attention sinks + the most recent tokens (StreamingLLM, arXiv:2309.17453)", 4, 0,    scorers::make_streamingllm },
     { "random",       "uniform random scores (--seed)",                                          32, 0,       scorers::make_random },

@@ -13,6 +13,8 @@ struct prefill_state::impl {
     std::unique_ptr<cache_views> cache;
     capture_view                 view;
     llama_pos                    n_past = 0;
+    double                       seconds = 0;
+    uint64_t                     bytes_to_host = 0;
 };
 
 namespace {
@@ -33,8 +35,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 prefill_state::prefill_state(llama_context * ctx, const query_capture & capture, std::vector<uint8_t> modality,
-                             int32_t n_prompt, llama_pos n_past) :
+                             int32_t n_prompt, llama_pos n_past, bool values) :
     impl_(std::make_unique<impl>()) {
+    const auto t0 = std::chrono::steady_clock::now();
     const llama_model * model = llama_get_model(ctx);
     if (uses_longrope(model)) {
         throw error("LongRoPE models are not supported: their RoPE factors depend on the context size");
@@ -48,7 +51,7 @@ prefill_state::prefill_state(llama_context * ctx, const query_capture & capture,
     }
     impl_->ctx    = ctx;
     impl_->n_past = n_past;
-    impl_->cache  = std::make_unique<cache_views>(ctx, n_prompt);
+    impl_->cache  = std::make_unique<cache_views>(ctx, n_prompt, values);
     const cache_views & c = *impl_->cache;
     capture_view &      v = impl_->view;
     v.n_layers            = c.n_layers();
@@ -74,6 +77,8 @@ prefill_state::prefill_state(llama_context * ctx, const query_capture & capture,
     }
     v.modality = std::move(modality);
     v.validate();
+    impl_->bytes_to_host = c.bytes_to_host() + capture.bytes_to_host();
+    impl_->seconds       = seconds_since(t0);
 }
 
 prefill_state::~prefill_state() = default;
@@ -81,11 +86,15 @@ prefill_state::~prefill_state() = default;
 const capture_view & prefill_state::view() const { return impl_->view; }
 llama_context *      prefill_state::context() const { return impl_->ctx; }
 llama_pos            prefill_state::n_past() const { return impl_->n_past; }
+double               prefill_state::seconds() const { return impl_->seconds; }
+uint64_t             prefill_state::bytes_to_host() const { return impl_->bytes_to_host; }
 
 compressed_cache compress_context(const llama_model * model, const prefill_state & state, const method_spec & spec,
                                   const method_params & params, int32_t n_extra, llama_context_params cparams,
                                   query_capture * observer, bool in_place) {
     compressed_cache out;
+    out.capture_seconds = state.seconds();
+    out.bytes_to_host   = state.bytes_to_host();
     auto             t0 = std::chrono::steady_clock::now();
     try {
         out.sel = compress(state.view(), spec, params, { int32_t(cparams.n_threads) });  // the context's threads
@@ -112,7 +121,8 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
         ctx = out.ctx.get();
     }
     // The kept entries stand at the prompt's last position: the next token goes at n_past, as after the prompt.
-    make_ragged(ctx, state.view(), out.sel, n_extra, state.n_past() - 1);
+    make_ragged(ctx, state.view(), out.sel, n_extra, state.n_past() - 1,
+                { state.context(), state.view().n_kv_heads, {}, 0 });
     out.rebuild_seconds = seconds_since(t0);
     return out;
 }

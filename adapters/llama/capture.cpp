@@ -5,6 +5,7 @@
 #include <ggml-backend.h>
 #include <ggml.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -20,6 +21,8 @@ struct query_capture::impl {
     // Per layer: rows [token][head][head_dim]; the window keeps the last n_queries tokens.
     std::vector<std::vector<float>> window, all;
     std::vector<int32_t>            seen;  // tokens recorded per layer
+    int32_t                         expected = -1;  // tokens recorded when recording ends, or -1: unknown
+    uint64_t                        bytes_to_host = 0;
     std::string                     failure;  // an exception must not cross ggml's C callback
     bool                            probe = false;
     std::vector<std::vector<float>> outputs;  // [n_layers] attention output (kqv_out) of the last token decoded
@@ -83,8 +86,14 @@ void query_capture::impl::record(const ggml_tensor * t, int32_t il) {
     }
     const int64_t n_tok = t->ne[2];
     const size_t  row   = size_t(n_heads) * head_dim;
-    std::vector<float> buf(row * n_tok);
-    ggml_backend_tensor_get(t, buf.data(), 0, buf.size() * sizeof(float));
+    // Only rows that can end in the window are read (from a device, each row read is a transfer).
+    const int64_t last  = expected >= 0 ? int64_t(expected) - seen[il] : n_tok;  // tokens to come, this batch's too
+    const int64_t first = full ? 0 : std::clamp<int64_t>(last - n_queries, 0, n_tok);
+    std::vector<float> buf(row * size_t(n_tok - first));
+    ggml_backend_tensor_get(t, buf.data(), size_t(first) * row * sizeof(float), buf.size() * sizeof(float));
+    if (t->buffer != nullptr && !ggml_backend_buffer_is_host(t->buffer)) {
+        bytes_to_host += buf.size() * sizeof(float);
+    }
     if (full) {
         all[il].insert(all[il].end(), buf.begin(), buf.end());
     }
@@ -125,6 +134,10 @@ void query_capture::attach(llama_context_params & params) {
 }
 
 void query_capture::set_active(bool active) { impl_->active = active; }
+
+void query_capture::expect_tokens(int32_t n_total) { impl_->expected = n_total; }
+
+uint64_t query_capture::bytes_to_host() const { return impl_->bytes_to_host; }
 
 void query_capture::set_probe(bool probe) { impl_->probe = probe; }
 

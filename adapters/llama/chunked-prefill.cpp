@@ -115,16 +115,19 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
         throw error("extend: " + std::to_string(n_new) + " new cells must fit the room of " + std::to_string(q.n_extra) +
                     " and outnumber the window of " + std::to_string(n_window));
     }
-    const auto t_eval = std::chrono::steady_clock::now();
+    const auto     t_eval       = std::chrono::steady_clock::now();
+    const uint64_t query_before = q.capture->bytes_to_host();
     {
         const recording rec(*q.capture);
+        q.capture->expect_tokens(q.capture->n_tokens() + n_new);
         q.eval(*p.impl_, from, to, to < p.units().size());
     }
     q.prefill_s += seconds_since(t_eval);
     q.note_peak();
 
     // The candidates: each head's kept cells, then the new ones, whose last queries are the window.
-    const ragged_candidates cand(q.ctx.get(), q.layout, q.n_extra, n_new);
+    const auto              t_capture = std::chrono::steady_clock::now();
+    const ragged_candidates cand(q.ctx.get(), q.layout, q.n_extra, n_new, requirements(spec, params).values);
     capture_view            cap = chunk_capture(q.s->model, *q.capture, n_new);
     cap.heads                   = cand.heads();
     cap.head_dim_v              = int32_t(cap.heads[0].values.ne[0]);
@@ -140,12 +143,14 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
         cap.n_tokens = std::max(cap.n_tokens, int32_t(q.kept_cells[i].size()));
     }
     compression_info info;
+    info.capture_seconds = seconds_since(t_capture);
+    info.bytes_to_host   = cand.bytes_to_host() + q.capture->bytes_to_host() - query_before;
     auto             t0 = std::chrono::steady_clock::now();
     info.sel            = q.naming_model([&] { return ecokv::compress(cap, spec, params, { int32_t(q.cparams.n_threads) }); });
     info.select_seconds = seconds_since(t0);
     t0                  = std::chrono::steady_clock::now();
     const uint64_t before = kv_bytes_allocated();
-    make_ragged(q.ctx.get(), cap, info.sel, n_room, q.n_past - 1);
+    make_ragged(q.ctx.get(), cap, info.sel, n_room, q.n_past - 1, { q.ctx.get(), cap.n_kv_heads, q.layout, q.n_extra });
     info.rebuild_seconds = seconds_since(t0);
 
     q.n_extra = n_room;
@@ -170,6 +175,8 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
     q.own_logits = q.origin_own = false;  // computed before this compression
     info.select_seconds += q.comp.select_seconds;  // every chunk's compression
     info.rebuild_seconds += q.comp.rebuild_seconds;
+    info.capture_seconds += q.comp.capture_seconds;
+    info.bytes_to_host += q.comp.bytes_to_host;
     q.comp = std::move(info);
     q.note_peak(before);
     release_free_heap();

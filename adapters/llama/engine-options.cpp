@@ -3,6 +3,8 @@
 // batch size is --batch-size only.
 #include "ecokv/llama-options.h"
 
+#include "devices.h"
+
 #include <algorithm>
 #include <limits>
 
@@ -40,6 +42,33 @@ template <class E, size_t N> E chosen(const E (&values)[N], const engine_option 
     return values[std::find(o.choices.begin(), o.choices.end(), std::get<std::string>(v)) - o.choices.begin()];
 }
 
+// -ngl: a count, or llama.cpp's words for all layers and for a fit to free memory.
+option_value get_layers(const engine_option &, const session_options & o) {
+    return o.n_gpu_layers == session_options::k_auto_layers  ? option_value{ std::string("auto") }
+           : o.n_gpu_layers == session_options::k_all_layers ? option_value{ std::string("all") }
+                                                              : option_value{ int64_t(o.n_gpu_layers) };
+}
+void set_layers(const engine_option &, session_options & o, const option_value & v) {
+    const std::string * word = std::get_if<std::string>(&v);
+    o.n_gpu_layers           = !word          ? int32_t(std::get<int64_t>(v))
+                               : *word == "all" ? session_options::k_all_layers
+                                                : session_options::k_auto_layers;
+}
+
+// --device: checked against the devices of this build (an unknown name lists them).
+option_value get_devices(const engine_option &, const session_options & o) { return o.devices; }
+void set_devices(const engine_option &, session_options & o, const option_value & v) {
+    o.devices = std::get<std::string>(v);
+    offload_devices(o);
+}
+
+option_value get_no_mmproj_offload(const engine_option &, const session_options & o) {
+    return int64_t(o.mmproj_offload ? 0 : 1);
+}
+void set_no_mmproj_offload(const engine_option &, session_options & o, const option_value & v) {
+    o.mmproj_offload = std::get<int64_t>(v) == 0;
+}
+
 option_value get_flash(const engine_option & r, const session_options & o) {
     return std::string(r.choices[index_of(k_flash, o.flash_attn)]);
 }
@@ -51,7 +80,7 @@ template <auto M> void set_type(const engine_option & r, session_options & o, co
     o.*M = chosen(k_cache_types, r, v);
 }
 
-using option_kind::choice, option_kind::integer;
+using option_kind::choice, option_kind::integer, option_kind::text;
 using option_record::never, option_record::unless_default;
 
 const std::vector<engine_option> & table() {
@@ -81,6 +110,15 @@ const std::vector<engine_option> & table() {
             "resize each image to at most N tokens (dynamic-resolution projectors such as Qwen2-VL; 0: the "
             "projector's own limit)" },
           "", unless_default, get_int<&session_options::image_max_tokens>, set_int<&session_options::image_max_tokens> },
+        { { "n_gpu_layers", 0, integer, 0, k_int_max, false, { "auto", "all" }, "",
+            "layers whose weights and KV cache go to the GPU: a number, all, or auto (all; llama.cpp's fit to free "
+            "memory is not done)" },
+          "-ngl", unless_default, get_layers, set_layers },
+        { { "device", 0, text, 0, 0, false, {}, "every GPU device",
+            "comma-separated devices to offload to (none: no offload; --list-devices shows them)" },
+          "-dev", unless_default, get_devices, set_devices },
+        { { "no_mmproj_offload", 0, option_kind::flag, 0, 0, false, {}, "", "run the image projector on the CPU" },
+          "", unless_default, get_no_mmproj_offload, set_no_mmproj_offload },
     };
     // clang-format on
     return rows;

@@ -69,8 +69,8 @@ tensor_view cell_rows(const void * data, row_format f, int32_t n_kv, int32_t n_c
 
 // Kept rows of slice g, in the store's type: the method's rewritten rows (F32) where it has them.
 std::vector<uint8_t> gather(const tensor_view & src, int64_t g, const std::vector<int32_t> & kept,
-                            const std::vector<float> & rewritten, ggml_type type) {
-    const size_t         dim = size_t(src.ne[0]);
+                            const std::vector<float> & rewritten, ggml_type type, int64_t n_dim) {
+    const size_t         dim = size_t(n_dim);
     const size_t         row = ggml_row_size(type, int64_t(dim));
     std::vector<uint8_t> out(row * kept.size());
     for (size_t i = 0; i < kept.size(); ++i) {
@@ -84,29 +84,155 @@ std::vector<uint8_t> gather(const tensor_view & src, int64_t g, const std::vecto
     return out;
 }
 
-struct fill_job {
-    const capture_view & src;
-    const selection &   sel;
-    uint32_t            n_cells;  // cells per head of the ragged cache: 1 + n_room
-    std::string         error;
+struct backend_deleter {
+    void operator()(ggml_backend_t b) const { ggml_backend_free(b); }
+    void operator()(ggml_context * c) const { ggml_free(c); }
+    void operator()(ggml_backend_buffer_t b) const { ggml_backend_buffer_free(b); }
 };
+
+struct fill_job {
+    const capture_view &         src;
+    const selection &            sel;
+    uint32_t                     n_cells;  // cells per head of the ragged cache: 1 + n_room
+    const candidate_rows &       from;
+    std::vector<ggml_tensor *>   old_k, old_v;  // per layer, the stores the kept rows come from
+    int32_t                      n_prompt = 0;  // cells of a transposed V store to read
+    bool                         v_transposed = false;
+    std::map<ggml_backend_dev_t, std::unique_ptr<ggml_backend, backend_deleter>> backends;
+    std::string                  failure;
+
+    ggml_backend_t backend_of(const ggml_tensor * t) {
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+        if (dev == nullptr) {  // a host buffer type of no device: the CPU's
+            dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+        }
+        auto &             b   = backends[dev];
+        if (!b) {
+            b.reset(ggml_backend_dev_init(dev, nullptr));
+            if (!b) {
+                throw error("cannot start the backend of device " + std::string(ggml_backend_dev_name(dev)));
+            }
+        }
+        return b.get();
+    }
+};
+
+// A tensor of `type` and shape ne over `bytes` at `addr` of `buffer` (a row view under another type: the I32 words
+// of any KV row, so that get_rows copies them unchanged).
+ggml_tensor * alias(ggml_context * ctx, ggml_backend_buffer_t buffer, void * addr, ggml_type type, int64_t ne0,
+                    int64_t ne1) {
+    ggml_tensor * t = ggml_new_tensor_2d(ctx, type, ne0, ne1);
+    if (ggml_backend_tensor_alloc(buffer, t, addr) != GGML_STATUS_SUCCESS) {
+        throw error("cannot view a KV store");
+    }
+    return t;
+}
+
+// The kept rows of layer il's store `old` (K, or V when is_v) written into `store` on their backend: a graph of one
+// get_rows per KV head over the old rows seen as I32 words, each writing its head's rows in place. A transposed V
+// (a context without flash attention) is first copied to rows (its prompt cells only), on the device too. Heads
+// whose rows a merge rewrote are written from the host. Throws ecokv::error.
+void gather_on_backend(fill_job & job, int32_t il, const ggml_tensor * old, ggml_tensor * store, bool is_v,
+                       bool transposed) {
+    const auto &   layer  = job.sel.layers[il];
+    const int32_t  n_kv   = int32_t(layer.size());
+    const size_t   row    = ggml_row_size(store->type, store->ne[0]);  // one head's entry, whole words
+    const int64_t  words  = int64_t(row / sizeof(int32_t));
+    ggml_backend_t be     = job.backend_of(store);
+    const size_t   n_tens = size_t(4 * n_kv + 8);
+    std::unique_ptr<ggml_context, backend_deleter> ctx(
+        ggml_init({ n_tens * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_tens, false), nullptr, true }));
+
+    ggml_tensor * rows = nullptr;  // the old store as [words, rows of one head]
+    ggml_tensor * copy = nullptr;  // transposed V: the prompt's cells as rows, in a buffer of the backend
+    if (transposed) {
+        copy = ggml_new_tensor_2d(ctx.get(), old->type, old->ne[0], job.n_prompt);
+    } else {
+        rows = alias(ctx.get(), old->buffer, old->data, GGML_TYPE_I32, words, int64_t(ggml_nbytes(old) / row));
+    }
+    std::vector<ggml_tensor *> index(size_t(n_kv), nullptr);
+    for (int32_t g = 0; g < n_kv; ++g) {
+        if (!layer[g].kept.empty() && (is_v ? layer[g].values : layer[g].keys).empty()) {
+            index[g] = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, int64_t(layer[g].kept.size()));
+        }
+    }
+    std::unique_ptr<ggml_backend_buffer, backend_deleter> scratch(ggml_backend_alloc_ctx_tensors(ctx.get(), be));
+    if (transposed) {
+        rows = alias(ctx.get(), copy->buffer, copy->data, GGML_TYPE_I32, words, int64_t(job.n_prompt) * n_kv);
+    }
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx.get(), n_tens, false);
+    if (transposed) {  // old: element e of cell c at e * n_cells_total + c
+        ggml_tensor * cells = ggml_view_2d(ctx.get(), const_cast<ggml_tensor *>(old), job.n_prompt, old->ne[0],
+                                           size_t(old->ne[1]) * ggml_type_size(old->type), 0);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx.get(), ggml_transpose(ctx.get(), cells), copy));
+        for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {  // the views, in order (no allocator places them)
+            ggml_tensor * t = ggml_graph_node(gf, i);
+            if (t->view_src != nullptr && t->buffer == nullptr) {
+                ggml_backend_view_init(t);
+            }
+        }
+        if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
+            throw error("transposing a V store on its device failed");
+        }
+        ggml_graph_clear(gf);
+    }
+    size_t row0 = 0;
+    for (int32_t g = 0; g < n_kv; ++g) {
+        const head_selection & h = layer[g];
+        if (index[g] != nullptr) {
+            std::vector<int32_t> at(h.kept.size());
+            for (size_t j = 0; j < at.size(); ++j) {
+                at[j] = int32_t(job.from.row(il, g, h.kept[j]));
+            }
+            ggml_backend_tensor_set(index[g], at.data(), 0, at.size() * sizeof(int32_t));
+            ggml_tensor * out = ggml_get_rows(ctx.get(), rows, index[g]);  // written in place: its data is set
+            if (ggml_backend_tensor_alloc(store->buffer, out, static_cast<char *>(store->data) + row0 * row) !=
+                GGML_STATUS_SUCCESS) {
+                throw error("cannot place the kept rows of a KV head");
+            }
+            ggml_build_forward_expand(gf, out);
+        } else if (!h.kept.empty()) {
+            const auto rewritten = gather({}, 0, h.kept, is_v ? h.values : h.keys, store->type, store->ne[0]);
+            ggml_backend_tensor_set(store, rewritten.data(), row0 * row, rewritten.size());
+        }
+        row0 += h.kept.size() + job.n_cells;
+    }
+    if (ggml_graph_n_nodes(gf) > 0 && ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
+        throw error("gathering the kept rows on the device failed");
+    }
+}
+
+// Layer il's kept rows from the capture's (host) views into `store`.
+void gather_on_host(const fill_job & job, int32_t il, ggml_tensor * store, bool is_v) {
+    size_t row0 = 0;
+    for (size_t g = 0; g < job.sel.layers[il].size(); ++g) {
+        const head_selection & h    = job.sel.layers[il][g];
+        const head_view        src  = job.src.head(il, int32_t(g));
+        const auto             rows = is_v ? gather(src.values, src.slice, h.kept, h.values, store->type, store->ne[0])
+                                           : gather(src.keys, src.slice, h.kept, h.keys, store->type, store->ne[0]);
+        ggml_backend_tensor_set(store, rows.data(), row0 * store->nb[1], rows.size());
+        row0 += h.kept.size() + job.n_cells;
+    }
+}
 
 bool fill_layer(int32_t il, ggml_tensor * k, ggml_tensor * v, void * user_data) {
     auto & job = *static_cast<fill_job *>(user_data);
     try {
-        size_t row0 = 0;
-        for (size_t g = 0; g < job.sel.layers[il].size(); ++g) {
-            const head_selection & h    = job.sel.layers[il][g];
-            const head_view        src  = job.src.head(il, int32_t(g));
-            const auto             keys = gather(src.keys, src.slice, h.kept, h.keys, k->type);
-            const auto             vals = gather(src.values, src.slice, h.kept, h.values, v->type);
-            ggml_backend_tensor_set(k, keys.data(), row0 * k->nb[1], keys.size());
-            ggml_backend_tensor_set(v, vals.data(), row0 * v->nb[1], vals.size());
-            row0 += h.kept.size() + job.n_cells;
+        const int32_t n_kv = job.src.n_kv_heads;
+        for (const bool is_v : { false, true }) {
+            const ggml_tensor * old   = (is_v ? job.old_v : job.old_k)[il];
+            ggml_tensor *       store = is_v ? v : k;
+            if (gathers_on_backend(old, job.from.layout.empty() ? n_kv : 1) && old->buffer &&
+                ggml_backend_buffer_get_type(old->buffer) == ggml_backend_buffer_get_type(store->buffer)) {
+                const bool transposed = is_v && job.v_transposed;
+                gather_on_backend(job, il, old, store, is_v, transposed);
+            } else {
+                gather_on_host(job, il, store, is_v);
+            }
         }
         return true;
     } catch (const std::exception & e) {
-        job.error = e.what();
+        job.failure = e.what();
         return false;
     }
 }
@@ -122,7 +248,33 @@ int32_t head_dim(const llama_model * model, bool v) {
     return llama_model_n_embd(model) / llama_model_n_head(model);
 }
 
+bool is_host(const ggml_tensor * t) { return t->buffer == nullptr || ggml_backend_buffer_is_host(t->buffer); }
+
+bool forced_backend_gather() {
+    static const bool forced = [] {
+        const char * e = std::getenv("ECOKV_GATHER_ON_BACKEND");
+        return e != nullptr && std::strcmp(e, "1") == 0;
+    }();
+    return forced;
+}
+
 }  // namespace
+
+bool gathers_on_backend(const ggml_tensor * store, int32_t n_kv_heads) {
+    return (forced_backend_gather() || !is_host(store)) && store->buffer != nullptr &&
+           ggml_row_size(store->type, store->ne[0] / n_kv_heads) % sizeof(int32_t) == 0;
+}
+
+int64_t candidate_rows::row(int32_t il, int32_t h, int32_t i) const {
+    if (layout.empty()) {
+        return int64_t(i) * n_kv_heads + h;
+    }
+    int64_t row0 = 0;
+    for (int32_t g = 0; g < h; ++g) {
+        row0 += int64_t(layout[size_t(il) * n_kv_heads + g]) + 1 + n_room;
+    }
+    return row0 + i + (uint32_t(i) < layout[size_t(il) * n_kv_heads + h] ? 0 : 1);  // past the label row
+}
 
 void check_cache_types(const llama_model * model, const session_options & o) {
     for (const bool is_v : { false, true }) {
@@ -178,7 +330,7 @@ uint64_t kv_bytes_per_cell(const llama_context * ctx) {
     return n;
 }
 
-cache_views::cache_views(const llama_context * ctx, int32_t n_cells) {
+cache_views::cache_views(const llama_context * ctx, int32_t n_cells, bool values) {
     const llama_model * model  = llama_get_model(ctx);
     const int32_t       n_kv   = llama_model_n_head_kv(model);
     const int32_t       layout = llama_kv_layout(ctx);
@@ -195,12 +347,16 @@ cache_views::cache_views(const llama_context * ctx, int32_t n_cells) {
             const size_t     row = t->nb[1];  // one cell: every head
             const void * data = t->data;
             const bool   host = t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer);
-            if (is_v && layout == 1) {  // [n_embd][n_cells_total]: gather each cell's row (F16 or F32 only)
+            if (is_v && !values && !host && gathers_on_backend(t, n_kv)) {
+                data = nullptr;  // nobody reads them here: make_ragged gathers them on the device
+            } else if (is_v && layout == 1) {  // [n_embd][n_cells_total]: gather each cell's row (F16 or F32 only)
                 const size_t el   = dtype_size(f.type);
                 auto &       copy = owned_.emplace_back(row * n_cells);
-                std::vector<uint8_t> column(size_t(t->ne[1]) * el);
+                std::vector<uint8_t> column(size_t(n_cells) * el);
                 for (int64_t j = 0; j < t->ne[0]; ++j) {
-                    ggml_backend_tensor_get(const_cast<ggml_tensor *>(t), column.data(), size_t(j) * t->ne[1] * el, column.size());
+                    ggml_backend_tensor_get(const_cast<ggml_tensor *>(t), column.data(), size_t(j) * t->ne[1] * el,
+                                            size_t(n_cells) * el);
+                    bytes_to_host_ += host ? 0 : uint64_t(n_cells) * el;
                     for (int32_t c = 0; c < n_cells; ++c) {
                         std::memcpy(copy.data() + c * row + j * el, column.data() + c * el, el);
                     }
@@ -209,6 +365,7 @@ cache_views::cache_views(const llama_context * ctx, int32_t n_cells) {
             } else if (!host) {
                 auto & copy = owned_.emplace_back(row * n_cells);
                 ggml_backend_tensor_get(const_cast<ggml_tensor *>(t), copy.data(), 0, copy.size());
+                bytes_to_host_ += copy.size();
                 data = copy.data();
             }
             (is_v ? v_ : k_).push_back(cell_rows(data, f, n_kv, n_cells, int32_t(t->ne[0] / n_kv), row));
@@ -217,7 +374,7 @@ cache_views::cache_views(const llama_context * ctx, int32_t n_cells) {
 }
 
 ragged_candidates::ragged_candidates(const llama_context * ctx, const std::vector<uint32_t> & n_keep, int32_t n_room,
-                                     int32_t n_new) {
+                                     int32_t n_new, bool values) {
     const llama_model * model   = llama_get_model(ctx);
     const int32_t       n_layer = llama_model_n_layer(model);
     n_kv_                       = llama_model_n_head_kv(model);
@@ -231,12 +388,19 @@ ragged_candidates::ragged_candidates(const llama_context * ctx, const std::vecto
             (is_v ? v_row_ : k_row_).push_back(row);
             (is_v ? v_type_ : k_type_).push_back(t->type);
             (is_v ? v_dim_ : k_dim_).push_back(int32_t(t->ne[0]));
+            const bool copied = !is_v || values || !gathers_on_backend(t, 1);
+            if (is_v) {
+                v_copied_.push_back(copied);
+            }
             size_t row0 = 0;  // head g owns rows [row0, row0 + n_keep + 1 + n_room)
             for (int32_t g = 0; g < n_kv_; ++g) {
                 const size_t keep = n_keep[size_t(il) * n_kv_ + g];
-                auto &       out  = (is_v ? v_ : k_).emplace_back((keep + size_t(n_new)) * row);
-                ggml_backend_tensor_get(t, out.data(), row0 * row, keep * row);
-                ggml_backend_tensor_get(t, out.data() + keep * row, (row0 + keep + 1) * row, size_t(n_new) * row);
+                auto &       out  = (is_v ? v_ : k_).emplace_back(copied ? (keep + size_t(n_new)) * row : 0);
+                if (copied) {
+                    ggml_backend_tensor_get(t, out.data(), row0 * row, keep * row);
+                    ggml_backend_tensor_get(t, out.data() + keep * row, (row0 + keep + 1) * row, size_t(n_new) * row);
+                    bytes_to_host_ += ggml_backend_buffer_is_host(t->buffer) ? 0 : out.size();
+                }
                 if (!is_v) {
                     rows_.push_back(int64_t(keep) + n_new);
                 }
@@ -252,9 +416,10 @@ std::vector<head_tokens> ragged_candidates::heads() const {
         const size_t il = i / size_t(n_kv_);
         for (const bool is_v : { false, true }) {
             const size_t row = (is_v ? v_row_ : k_row_)[il];
+            const bool copied = !is_v || v_copied_[il];
             (is_v ? out[i].values : out[i].keys) =
-                cell_rows((is_v ? v_ : k_)[i].data(), cache_format((is_v ? v_type_ : k_type_)[il]), 1,
-                          int32_t(rows_[i]), (is_v ? v_dim_ : k_dim_)[il], row);
+                cell_rows(copied ? (is_v ? v_ : k_)[i].data() : nullptr, cache_format((is_v ? v_type_ : k_type_)[il]),
+                          1, int32_t(rows_[i]), (is_v ? v_dim_ : k_dim_)[il], row);
         }
     }
     return out;
@@ -270,17 +435,23 @@ std::vector<uint32_t> ragged_layout(const selection & sel) {
     return n_keep;
 }
 
-void make_ragged(llama_context * ctx, const capture_view & src, const selection & sel, int32_t n_room, llama_pos pos) {
+void make_ragged(llama_context * ctx, const capture_view & src, const selection & sel, int32_t n_room, llama_pos pos,
+                 const candidate_rows & from) {
     if (int32_t(sel.layers.size()) != src.n_layers) {
         throw error("the selection has " + std::to_string(sel.layers.size()) + " layers, the capture " +
                     std::to_string(src.n_layers));
     }
     const std::vector<uint32_t> n_keep = ragged_layout(sel);
-    fill_job                    job{ src, sel, uint32_t(1 + n_room), {} };
+    fill_job                    job{ src, sel, uint32_t(1 + n_room), from, {}, {}, src.n_tokens, false, {}, {} };
+    for (int32_t il = 0; il < src.n_layers; ++il) {
+        job.old_k.push_back(store(from.ctx, il, false));
+        job.old_v.push_back(store(from.ctx, il, true));
+    }
+    job.v_transposed = llama_kv_layout(from.ctx) == 1;
     if (!llama_kv_set_ragged(ctx, n_keep.data(), uint32_t(n_room), pos, fill_layer, &job)) {
-        throw error(job.error.empty() ? "llama.cpp cannot make this cache ragged (a plain single-sequence KV cache "
+        throw error(job.failure.empty() ? "llama.cpp cannot make this cache ragged (a plain single-sequence KV cache "
                                         "with K and V in every layer is needed, and memory for the kept entries)"
-                                      : "writing the kept entries failed: " + job.error);
+                                      : "writing the kept entries failed: " + job.failure);
     }
 }
 

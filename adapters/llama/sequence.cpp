@@ -51,7 +51,7 @@ const prefill_state & sequence::impl::prefill() const {
         throw error("the sequence has no prefill capture (prefill it with method requirements to compress it)");
     }
     if (!state) {
-        state = std::make_unique<prefill_state>(ctx.get(), *capture, modality, n_prompt, origin_n_past);
+        state = std::make_unique<prefill_state>(ctx.get(), *capture, modality, n_prompt, origin_n_past, values);
     }
     return *state;
 }
@@ -81,7 +81,7 @@ void sequence::impl::become_compressed(const impl & full, compressed_cache && cc
             }
         }
     }
-    comp = { std::move(cc.sel), cc.select_seconds, cc.rebuild_seconds };
+    comp = { std::move(cc.sel), cc.select_seconds, cc.rebuild_seconds, cc.capture_seconds, cc.bytes_to_host };
 }
 
 int32_t sequence::impl::head_cells() const {
@@ -184,6 +184,8 @@ sequence session::prefill_units(const prompt & p, size_t n_units, int32_t n_extr
         // At least 32 window rows, as a capture file must hold (SPEC §7).
         q->capture = std::make_unique<query_capture>(model(), std::max(32, needs.n_window_queries), needs.full_queries);
         q->capture->attach(pp);
+        q->capture->expect_tokens(n_cells);
+        q->values = needs.values;
     }
     q->ctx = new_context(model(), pp);
 

@@ -61,6 +61,7 @@ struct sequence::impl {
     context_ptr                    ctx;
     mutable std::unique_ptr<prefill_state> state;  // views of the prefilled cache, made on demand
     bool                           prefilled = false;
+    bool                           values    = true;  // the methods read the values: copy them from a device
 
     int32_t               n_cells = 0;
     int32_t               n_extra = 0;  // room for new tokens, besides the prompt's or kept entries

@@ -1,6 +1,7 @@
 // session (ecokv/llama-session.h): the model and its projector, tokens and the chat template; the recipe every client
 // used to spell out, written once. Prompts, sequences, chunked prefill and snapshots have files of their own
 // (prompt.cpp, sequence.cpp, chunked-prefill.cpp, snapshot.cpp) around the state they share (session-impl.h).
+#include "devices.h"
 #include "ecokv/error.h"
 #include "gguf-check.h"
 #include "kv-store.h"
@@ -63,31 +64,37 @@ void set_verbose(bool verbose) {
 
 namespace {
 
-model_ptr load_model(const std::string & path) {
+model_ptr load_model(const session_options & o) {
+    const std::string & path = o.model_path;
     if (!std::filesystem::is_regular_file(path)) {
         throw error(path + ": no such model file");
     }
     check_model_gguf(path);
     llama_backend_init();
-    model_ptr model(llama_model_load_from_file(path.c_str(), llama_model_default_params()));
+    const std::vector<ggml_backend_dev_t> devices = offload_devices(o);
+    model_ptr model(llama_model_load_from_file(path.c_str(), model_params(o, devices)));
     if (!model) {
         throw error(path + ": cannot load the model (not a GGUF llama.cpp 0.5.0 can read?)");
     }
     return model;
 }
 
-std::unique_ptr<mtmd_context, mtmd_deleter> load_projector(const std::string & path, const llama_model * model,
-                                                           int32_t n_threads, int32_t image_max_tokens) {
+std::unique_ptr<mtmd_context, mtmd_deleter> load_projector(const session_options & o, const llama_model * model) {
+    const std::string & path = o.mmproj_path;
     if (!std::filesystem::is_regular_file(path)) {
         throw error(path + ": no such mmproj file");
     }
     check_projector_gguf(path, llama_model_n_embd(model));
     mtmd_context_params mp = mtmd_context_params_default();
-    mp.use_gpu = mp.print_timings = mp.warmup = false;
-    if (image_max_tokens > 0) {
-        mp.image_max_tokens = image_max_tokens;
+    mp.print_timings = mp.warmup = false;
+    // On the first offload device, as llama.cpp's --mmproj-device follows --device; none with --device none.
+    const std::vector<ggml_backend_dev_t> devices = offload_devices(o);
+    mp.use_gpu = o.mmproj_offload && (devices.empty() || projector_device(devices) != nullptr);
+    mp.device  = mp.use_gpu ? projector_device(devices) : nullptr;
+    if (o.image_max_tokens > 0) {
+        mp.image_max_tokens = o.image_max_tokens;
     }
-    mp.n_threads = n_threads > 0 ? n_threads : default_thread_count();
+    mp.n_threads = o.n_threads > 0 ? o.n_threads : default_thread_count();
     std::unique_ptr<mtmd_context, mtmd_deleter> p(mtmd_init_from_file(path.c_str(), model, mp));
     if (!p) {
         throw error(path + ": cannot load the projector (corrupt, or not made for this model?)");
@@ -99,12 +106,11 @@ std::unique_ptr<mtmd_context, mtmd_deleter> load_projector(const std::string & p
 
 session::session(const session_options & options) : impl_(std::make_unique<impl>()) {
     impl_->opts  = options;
-    impl_->owned = load_model(options.model_path);
+    impl_->owned = load_model(options);
     impl_->model = impl_->owned.get();
     check_cache_types(impl_->model, options);
     if (!options.mmproj_path.empty()) {
-        impl_->projector = load_projector(options.mmproj_path, impl_->model, options.n_threads,
-                                          options.image_max_tokens);
+        impl_->projector = load_projector(options, impl_->model);
     }
 }
 

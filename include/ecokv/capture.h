@@ -60,6 +60,11 @@ struct capture_view {
     std::vector<head_tokens> heads;
 
     bool has_full_queries() const { return !layers.empty() && !layers[0].full_queries.empty(); }
+    // Whether the value rows are there to read: an engine may give only their shape (views without data) to methods
+    // that do not read them (method_requirements::values), sparing a copy from a device.
+    bool has_values() const {
+        return heads.empty() ? !layers.empty() && !layers[0].values.empty() : !heads[0].values.empty();
+    }
     bool is_text(int32_t it) const { return modality.empty() || modality[it] == uint8_t(modality::text); }
     // The tokens of (layer il, KV head ig), whichever way the capture holds them.
     head_view head(int32_t il, int32_t ig) const;

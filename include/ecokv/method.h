@@ -66,6 +66,8 @@ struct method_requirements {
     bool    full_queries     = false;  // queries of every prompt token (accumulated attention: h2o, lookm)
     bool    modality         = false;  // reads the per-token modality map (madakv, lookm)
     bool    head_scores      = false;  // reads params.head_scores (sparsemm)
+    bool    values           = false;  // reads the value rows (value norms, merges); else only their shape: an
+                                       // engine need not copy them from a device
 
     // The union of two methods' needs (one capture serving several methods).
     method_requirements & operator|=(const method_requirements & other);

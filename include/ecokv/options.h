@@ -56,6 +56,8 @@ enum class option_kind {
     choice,   // one of `choices`
     method,   // a method name (parse_method)
     path,     // a file on the machine that runs the compression
+    text,     // free text the row's setter checks (a device list)
+    flag,     // present or not: "true"/"false" (or 1/0); on the command line a flag without a value
 };
 
 // Where an option applies: to every compression of a capture, or only where an engine prefills the prompt.
@@ -83,7 +85,8 @@ struct option_spec {
     option_kind                   kind;
     double                        lo, hi;      // integer and number rows
     bool                          lo_open;     // number rows: lo excluded
-    std::vector<std::string_view> choices;     // choice rows, in the order of the enum they set
+    std::vector<std::string_view> choices;     // choice rows, in the order of the enum they set; integer rows:
+                                               // words taken besides numbers ("auto", "all"), kept as text
     std::string_view              unset;       // what applies when the option is not given (window: "the scorer's")
     std::string_view              help;
 

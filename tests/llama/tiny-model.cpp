@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -464,6 +465,11 @@ const float * tiny_model::embedding(int32_t token) const {
     return tensor("token_embd.weight").data.data() + size_t(token) * size_t(config_.n_embd);
 }
 
+int32_t tiny_config::test_gpu_layers() {
+    const char * ngl = std::getenv("ECOKV_TEST_NGL");
+    return ngl && *ngl ? int32_t(std::strtol(ngl, nullptr, 10)) : 0;
+}
+
 tiny_model make_tiny_model(const tiny_config & cfg) {
     validate(cfg);
     llama_backend_init();
@@ -479,7 +485,7 @@ tiny_model make_tiny_model(const tiny_config & cfg) {
     b.bytes_total = weight_bytes_estimate(meta.get(), cfg);
 
     llama_model_params  params = llama_model_default_params();
-    params.n_gpu_layers        = 0;
+    params.n_gpu_layers        = cfg.n_gpu_layers;
     params.progress_callback   = [](float, void *) { return true; };
     m.model_ = llama_model_init_from_user(meta.get(), set_tensor_data, &b, params);
     if (!m.model_) {

@@ -43,6 +43,12 @@ struct tiny_config {
     // Called after each tensor with the bytes of weights filled so far and in all; must not throw.
     std::function<void(uint64_t done, uint64_t total)> on_progress;
 
+    // Layers offloaded to the GPU devices (llama_model_params::n_gpu_layers; -1 all). The default is the environment's
+    // ECOKV_TEST_NGL, else 0: a GPU build runs the same tests on its device (scripts/test-gpu.sh).
+    int32_t n_gpu_layers = test_gpu_layers();
+
+    static int32_t test_gpu_layers();
+
     int32_t head_dim() const { return n_embd / n_head; }
 };
 
@@ -92,7 +98,7 @@ class tiny_model {
     std::map<std::string, tiny_tensor> tensors_;
 };
 
-// Builds the model (CPU weights; model params are llama_model_default_params() with n_gpu_layers = 0). Weights are
+// Builds the model (model params are llama_model_default_params() with cfg.n_gpu_layers). Weights are
 // deterministic in (cfg, name) and independent of the platform's <random>:
 //   token_embd N(0, 1); attn_q/attn_k N(0, 1.3/sqrt(n_embd)) so attention is peaked (score std ~1.7) and RoPE or
 //   masking errors show in the logits; other matrices N(0, 1/sqrt(fan_in)); norms 1 + N(0, 0.1);

@@ -166,13 +166,15 @@ int ecokv_analyze(int argc, char ** argv) {
         ecokv::tools::add_prompt_options(
             options, "question-agnostic mode: analyse the prompt compressed before any question is seen (the "
                      "questions are not answered; repeatable)");
-        const ecokv::tools::flag_aliases aliases = ecokv::tools::engine_aliases();
 #else
         options.add_options()("t,threads", "threads (0: all cores)", cxxopts::value<int32_t>()->default_value("0"));
-        const ecokv::tools::flag_aliases aliases;
 #endif
         ecokv::tools::add_compression_options(options, ecokv::scope_method);
-        const auto parsed = ecokv::tools::parse_options(options, argc, argv, aliases);
+#ifdef ECOKV_HAVE_LLAMA
+        const auto parsed = ecokv::tools::parse_engine_command(options, argc, argv);
+#else
+        const auto parsed = ecokv::tools::parse_options(options, argc, argv);
+#endif
         if (!parsed) {
             return 0;
         }

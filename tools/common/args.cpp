@@ -38,7 +38,9 @@ void add_flag(cxxopts::Options & options, const std::string & group, const optio
         help += " (default: " + std::string(o.unset) + ")";
     }
     auto value = cxxopts::value<std::string>();
-    if (!default_text.empty()) {
+    if (o.kind == option_kind::flag) {
+        value->implicit_value("true");  // --no-mmproj-offload, as llama.cpp spells it: no value
+    } else if (!default_text.empty()) {
         value->default_value(default_text);
     }
     const std::string names = (o.short_name ? std::string(1, o.short_name) + "," : "") + o.flag();

@@ -14,7 +14,12 @@ void add_engine_options(cxxopts::Options & options, const llama::session_options
 // The engine flags given, set on `base`.
 llama::session_options engine_options_from(const cxxopts::ParseResult & args, llama::session_options base = {});
 
-// llama.cpp's multi-letter single-dash spellings (-ub, -fa, -ctk, -ctv) and their long flags, for parse_options.
+// llama.cpp's multi-letter single-dash spellings (-ub, -fa, -ctk, -ctv, -ngl, -dev) and their long flags, for
+// parse_options.
 flag_aliases engine_aliases();
+
+// parse_options with the engine aliases; with --list-devices (add_engine_options declares it) prints the devices as
+// llama.cpp does and gives nullopt, as --help does.
+std::optional<cxxopts::ParseResult> parse_engine_command(cxxopts::Options & options, int argc, char ** argv);
 
 }  // namespace ecokv::tools

@@ -91,7 +91,7 @@ int ecokv_eval(int argc, char ** argv) {
         ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill, {},
                                               { "method", "budget" });
         ecokv::tools::add_engine_options(options);
-        const auto parsed = ecokv::tools::parse_options(options, argc, argv, ecokv::tools::engine_aliases());
+        const auto parsed = ecokv::tools::parse_engine_command(options, argc, argv);
         if (!parsed) {
             return 0;
         }

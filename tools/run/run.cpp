@@ -42,7 +42,7 @@ bool parse(int argc, char ** argv, run_options & o) {
         ("h,help", "show this help");
     // clang-format on
     ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill);
-    const auto parsed = ecokv::tools::parse_options(options, argc, argv, ecokv::tools::engine_aliases());
+    const auto parsed = ecokv::tools::parse_engine_command(options, argc, argv);
     if (!parsed) {
         return false;
     }
@@ -117,7 +117,9 @@ json run(const run_options & o) {
     } else {
         // The full cache lives on only when --compare-full needs it; otherwise it is compressed in place, freed as the
         // kept entries are written.
-        full.emplace(s.prefill(p, n_extra, ecokv::requirements(o.c.spec, o.c.params)));
+        ecokv::method_requirements needs = ecokv::requirements(o.c.spec, o.c.params);
+        needs.values |= !o.dump_capture.empty();  // a capture file holds them
+        full.emplace(s.prefill(p, n_extra, needs));
         if (!o.dump_capture.empty()) {
             ecokv::write_capture(o.dump_capture, full->capture());
         }
@@ -144,9 +146,11 @@ json run(const run_options & o) {
     out["cells_per_head"]      = comp.n_cells();
     out["peak_kv_cells"]       = comp.peak_kv_cells();
     out["peak_kv_bytes"]       = comp.peak_kv_bytes();
-    out["compress_s"]          = ci.select_seconds + ci.rebuild_seconds;
+    out["compress_s"]          = ci.capture_seconds + ci.select_seconds + ci.rebuild_seconds;
+    out["capture_s"]           = ci.capture_seconds;
     out["select_s"]            = ci.select_seconds;
     out["rebuild_s"]           = ci.rebuild_seconds;
+    out["bytes_to_host"]       = ci.bytes_to_host;
 
     json    answers  = json::array();
     double  decode_s = 0, agreement = 0, mean_kl = 0;

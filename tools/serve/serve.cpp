@@ -72,7 +72,7 @@ int ecokv_serve(int argc, char ** argv) {
         // A request's kv_compression fields override the method options (and --chunk) per conversation.
         ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill);
         ecokv::tools::add_engine_options(options);
-        const auto parsed = ecokv::tools::parse_options(options, argc, argv, ecokv::tools::engine_aliases());
+        const auto parsed = ecokv::tools::parse_engine_command(options, argc, argv);
         if (!parsed) {
             return 0;
         }

@@ -41,6 +41,10 @@ class query_capture {
     void                                    set_probe(bool probe);
     const std::vector<std::vector<float>> & attention_outputs() const;  // [n_layers][n_head * head_dim_v]
 
+    // Recording ends after this many tokens in all (the prompt's, or a chunk's end): rows before its last n_queries
+    // are then not read from the graph, unless every query is kept. Without it, each batch's last n_queries are read.
+    void        expect_tokens(int32_t n_total);
+    uint64_t    bytes_to_host() const;           // query rows read from device memory
     int32_t     n_tokens() const;                // prompt tokens recorded
     std::string error() const;                   // why recording failed (allocation), or empty
     tensor_view queries(int32_t il) const;       // [n_heads, min(n_queries, n_tokens), head_dim] F32
@@ -57,14 +61,17 @@ class query_capture {
 class prefill_state {
   public:
     // modality: one entry per prompt token (0 text, 1 image, 2 audio), or empty for a text prompt. n_prompt: the
-    // prompt's cells (cells decoded after it, answers, are left out); n_past: the position after the prompt.
+    // prompt's cells (cells decoded after it, answers, are left out); n_past: the position after the prompt. Without
+    // `values` (no method reads them) a device cache's values are not copied to the host (cache_views).
     prefill_state(llama_context * ctx, const query_capture & capture, std::vector<uint8_t> modality, int32_t n_prompt,
-                  llama_pos n_past);
+                  llama_pos n_past, bool values = true);
     ~prefill_state();
 
     const capture_view & view() const;
     llama_context *      context() const;
     llama_pos            n_past() const;
+    double               seconds() const;        // making the views (copies from a device included)
+    uint64_t             bytes_to_host() const;  // K/V copied from device stores, and the queries read
 
   private:
     struct impl;
@@ -75,8 +82,10 @@ class prefill_state {
 struct compressed_cache {
     context_ptr ctx;  // the new context; null when compressed in place
     selection   sel;
+    double      capture_seconds = 0;  // the prefill's K/V (and queries) made readable by the methods
     double      select_seconds  = 0;
     double      rebuild_seconds = 0;
+    uint64_t    bytes_to_host   = 0;  // device -> host for this compression
 };
 
 // Selects with method/params on `state` and builds a ragged cache of the kept entries, with room for n_extra more

@@ -61,7 +61,25 @@ struct session_options {
     // Dynamic-resolution projectors (Qwen2-VL): resize an image to at most this many tokens (mtmd's
     // image_max_tokens, llama.cpp's --image-max-tokens); 0: the projector's own limit.
     int32_t               image_max_tokens = 0;
+    // Offload (docs/gpu.md): layers whose weights and KV cache go to the GPU devices (k_all_layers: every layer and
+    // the output; llama.cpp's k_auto_layers fits the layers to free memory, which ecokv does not: auto is all), the
+    // devices (llama.cpp's --device: comma-separated names, "none" for none; empty: every GPU device), and whether
+    // the projector runs on the first of them.
+    static constexpr int32_t k_auto_layers = -1, k_all_layers = -2;
+    int32_t               n_gpu_layers   = k_auto_layers;
+    std::string           devices;
+    bool                  mmproj_offload = true;
 };
+
+// A device ggml can run on, as llama.cpp's --list-devices prints it.
+struct device_info {
+    std::string name, description;
+    uint64_t    total_bytes = 0, free_bytes = 0;
+};
+// The GPU (and other non-CPU) devices of this build, in ggml's order; empty for a CPU-only build.
+std::vector<device_info> list_devices();
+// Whether this build can offload layers (llama_supports_gpu_offload: a GPU backend with a device).
+bool gpu_offload_supported();
 
 // Where one image's tokens lie in a prompt: cells [first_cell, first_cell + n_rows * n_cols), row-major. For
 // M-RoPE projectors the grid is mtmd's; other projectors report only a count, taken as a square grid when it is
@@ -139,6 +157,9 @@ struct compression_info {
     selection sel;
     double    select_seconds  = 0;
     double    rebuild_seconds = 0;
+    double    capture_seconds = 0;  // the prefill's K/V made readable (copies from a device)
+    uint64_t  bytes_to_host   = 0;  // bytes copied device -> host for the compression: keys, window queries, values
+                                    // where the method reads them (0 on the CPU)
 };
 
 class sequence;
