@@ -75,6 +75,8 @@ struct model_info {
 // The tests' random-weight builder (tiny-model.h) at bench scale: matrices in shape.wtype, no F32 copy, filled on
 // shape.threads threads, progress every 10%.
 llama::model_ptr     build_model(const model_shape & shape, model_info & info);
+// Device memory in use over the GPU devices (total - free, as ggml_backend_dev_memory reports it), or -1 without one.
+int64_t              device_used_bytes();
 nlohmann::json       model_json(const model_shape & shape, const model_info & info);
 std::vector<llama_token> random_tokens(int32_t n, int32_t n_vocab, uint64_t seed);
 

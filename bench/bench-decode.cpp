@@ -222,8 +222,10 @@ struct config_result {
     int32_t      budget = 0, window = 0, n_cells = 0, kept_cells = 0;  // longest head; mean kept per head
     bool         uniform = true;
     uint64_t     kv_alloc = 0, kv_kept = 0;
-    double       select_s = 0, rebuild_s = 0;
+    double       select_s = 0, rebuild_s = 0, capture_s = 0;
     uint64_t     compress_peak_kib = 0;
+    uint64_t     bytes_to_host = 0;       // device -> host for the compression
+    int64_t      device_context_bytes = -1;  // device memory the compressed context took (-1: no device)
     el::snapshot snap;                                    // the compressed sequence, resumed for each decode run
     std::vector<double> decode_s, base_decode_s;          // per run
     std::vector<double> decode_steps, base_decode_steps;  // per token, all runs
@@ -268,6 +270,7 @@ config_result compress_one(const el::sequence & seq, const ecokv::method_spec & 
                            int32_t budget, const options & o, phase_meter & pm) {
     const ecokv::method_params p = params_at(o, budget);
     pm.begin("compress " + label + " B=" + std::to_string(budget));
+    const int64_t      device_before = device_used_bytes();
     const el::sequence cs = seq.compress(spec, p, o.n_decode);
     const phase        ph = pm.end();
     const auto &       ci = cs.compression();
@@ -281,6 +284,9 @@ config_result compress_one(const el::sequence & seq, const ecokv::method_spec & 
     c.kept_cells        = int32_t((c.kv_kept + cs.kv_bytes_per_cell() - 1) / cs.kv_bytes_per_cell());
     c.select_s          = ci.select_seconds;
     c.rebuild_s         = ci.rebuild_seconds;
+    c.capture_s         = ci.capture_seconds;
+    c.bytes_to_host     = ci.bytes_to_host;
+    c.device_context_bytes = device_before < 0 ? -1 : device_used_bytes() - device_before;
     c.compress_peak_kib = ph.peak_kib;
     c.snap              = cs.save();
     c.uniform = std::all_of(c.snap.layout.begin(), c.snap.layout.end(), [&](uint32_t n) { return n == c.snap.layout[0]; });
@@ -398,7 +404,7 @@ json full_row(const full_result & f, const options & o) {
 json config_row(const config_result & c, const full_result & f, const options & o) {
     const double   dec = min_of(c.decode_s), base = min_of(c.base_decode_s);
     const double   tps = o.n_decode / dec, base_tps = o.n_decode / base;
-    const double   comp       = c.select_s + c.rebuild_s;
+    const double   comp       = c.capture_s + c.select_s + c.rebuild_s;  // capture: copies from a device
     // kept entries + room for the decoded tokens in every head, 5% over, + 32 cells of padding per layer
     const uint64_t room  = uint64_t(o.n_decode) * f.bytes_per_cell;
     const uint64_t bound = uint64_t(1.05 * double(c.kv_kept + room)) + 32 * f.bytes_per_cell;
@@ -408,6 +414,8 @@ json config_row(const config_result & c, const full_result & f, const options & 
         { "method", c.method }, { "budget", c.budget }, { "window", c.window }, { "cells_per_head", c.n_cells },
         { "kept_cells_per_head", c.kept_cells }, { "uniform", c.uniform }, { "kv_bytes_allocated", c.kv_alloc },
         { "kv_bytes_kept", c.kv_kept }, { "kv_bytes_room", room }, { "kv_bytes_bound", bound },
+        { "capture_s", c.capture_s }, { "bytes_to_host", c.bytes_to_host },
+        { "device_bytes_of_compressed_context", c.device_context_bytes },
         { "kv_alloc_over_kept_plus_room", double(c.kv_alloc) / double(c.kv_kept + room) },
         { "peak_rss_decode_kib", c.decode_peak_kib }, { "peak_rss_pipeline_kib", pipeline },
         { "peak_rss_compress_kib", c.compress_peak_kib }, { "prefill_s", f.prefill_s }, { "compress_s", comp },

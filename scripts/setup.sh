@@ -38,7 +38,7 @@ packages=(build-essential cmake ninja-build git pkg-config libgtest-dev libgmock
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)  # npm fetches the llama.cpp source
 # Without libopenblas0-pthread Debian's torch runs on the reference BLAS, about 9x slower.
 [[ " $* " == *" --training "* ]] && packages+=(python3-torch libopenblas0-pthread)
-[ "$backend" = vulkan ] && packages+=(libvulkan-dev glslc mesa-vulkan-drivers)
+[ "$backend" = vulkan ] && packages+=(libvulkan-dev glslc spirv-headers mesa-vulkan-drivers)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -59,7 +59,9 @@ echo "== building ($build_dir/, backend $backend)"
 generator=()
 [ -f "$build_dir/CMakeCache.txt" ] || generator=(-G Ninja)
 cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DECOKV_BACKEND="$backend" >/dev/null
-cmake --build "$build_dir" -j"$(nproc)"
+# ECOKV_BUILD_TARGETS (space-separated) builds only those (scripts/test-gpu.sh); the default builds everything.
+read -r -a targets <<< "${ECOKV_BUILD_TARGETS:-}"
+cmake --build "$build_dir" -j"$(nproc)" ${targets[@]+--target "${targets[@]}"}
 
 [[ " $* " == *" --no-demo "* ]] && exit 0
 

@@ -250,18 +250,21 @@ int32_t head_dim(const llama_model * model, bool v) {
 
 bool is_host(const ggml_tensor * t) { return t->buffer == nullptr || ggml_backend_buffer_is_host(t->buffer); }
 
-bool forced_backend_gather() {
-    static const bool forced = [] {
+// ECOKV_GATHER_ON_BACKEND: 1 always (host stores too, on the CPU backend), 0 never (through the host), else where
+// the stores are in device memory.
+int backend_gather_setting() {
+    static const int setting = [] {
         const char * e = std::getenv("ECOKV_GATHER_ON_BACKEND");
-        return e != nullptr && std::strcmp(e, "1") == 0;
+        return e == nullptr ? -1 : std::strcmp(e, "1") == 0 ? 1 : std::strcmp(e, "0") == 0 ? 0 : -1;
     }();
-    return forced;
+    return setting;
 }
 
 }  // namespace
 
 bool gathers_on_backend(const ggml_tensor * store, int32_t n_kv_heads) {
-    return (forced_backend_gather() || !is_host(store)) && store->buffer != nullptr &&
+    const int setting = backend_gather_setting();
+    return setting != 0 && (setting == 1 || !is_host(store)) && store->buffer != nullptr &&
            ggml_row_size(store->type, store->ne[0] / n_kv_heads) % sizeof(int32_t) == 0;
 }
 

@@ -25,7 +25,8 @@ uint32_t state_cell_count(const std::vector<uint8_t> & bytes);
 
 // Whether the kept rows of a store are gathered where it lies (a ggml graph on its device, make_ragged) rather than
 // through host memory: stores in device memory whose rows of one head are whole 4-byte words. The environment's
-// ECOKV_GATHER_ON_BACKEND=1 takes that path for host stores too (the CPU backend), so that a CPU build tests it.
+// ECOKV_GATHER_ON_BACKEND=1 takes that path for host stores too (the CPU backend), so that a CPU build tests it; =0
+// never takes it.
 bool gathers_on_backend(const ggml_tensor * store, int32_t n_kv_heads);
 
 // Cells [0, n_cells) of a cache in the usual layout (cell t is prompt token t) as [n_kv_heads, n_cells, head_dim]

@@ -97,12 +97,14 @@ void sequence::impl::note_peak(uint64_t transient) {
 }
 
 void sequence::impl::decode(const std::vector<llama_token> & tokens) {
+    ran_graphs = true;
     logits     = consistent([&] { return llama::decode(ctx.get(), tokens, n_past); });
     n_past    += llama_pos(tokens.size());
     own_logits = true;
 }
 
 void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool may_end_with_image) {
+    ran_graphs = true;
     if (!in.chunks) {
         decode(std::vector<llama_token>(in.tokens.begin() + ptrdiff_t(from), in.tokens.begin() + ptrdiff_t(to)));
         return;
@@ -265,7 +267,12 @@ sequence sequence::compress(const method_spec & spec, const method_params & para
 void sequence::compress_in_place(const method_spec & spec, const method_params & params) {
     check_window(spec, params);
     const uint64_t   before = kv_bytes_allocated();
-    compressed_cache cc     = impl_->compress(impl_->prefill(), spec, params, impl_->n_extra, nullptr, true);
+    // With a GPU device the kept entries go to a new context (the capture moves with it): reserving a context again
+    // after it ran graphs with an eval callback corrupts memory in ggml-vulkan on lavapipe (docs/gpu.md).
+    const bool       fresh  = impl_->ran_graphs && fresh_context_per_compression();
+    compressed_cache cc     = impl_->compress(impl_->prefill(), spec, params, impl_->n_extra,
+                                              fresh ? impl_->capture.get() : nullptr, !fresh);
+    impl_->ran_graphs = impl_->ran_graphs && !fresh;
     impl_->become_compressed(*impl_, std::move(cc));
     impl_->note_peak(before);  // the full cache and the kept entries, while these were written
 }

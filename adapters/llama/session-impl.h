@@ -31,6 +31,11 @@ llama_context_params context_params(const session_options & o, int32_t n_cells);
 
 context_ptr new_context(const llama_model * model, const llama_context_params & p);
 
+// Whether a compression "in place" makes a new context instead (the old one freed once the kept entries are written):
+// with a GPU device in the build, because reserving a context again after it ran graphs with an eval callback (the
+// query capture) corrupts memory in ggml-vulkan 0.5.0 on lavapipe (docs/gpu.md has the reproducer).
+bool fresh_context_per_compression();
+
 // Throws ecokv::error when a prompt of n_cells and n_extra new tokens exceeds the session's context (session::n_ctx).
 void check_fits(const session & s, int64_t n_cells, int32_t n_extra);
 
@@ -62,6 +67,7 @@ struct sequence::impl {
     mutable std::unique_ptr<prefill_state> state;  // views of the prefilled cache, made on demand
     bool                           prefilled = false;
     bool                           values    = true;  // the methods read the values: copy them from a device
+    bool                           ran_graphs = false;  // ctx decoded something (fresh_context_per_compression)
 
     int32_t               n_cells = 0;
     int32_t               n_extra = 0;  // room for new tokens, besides the prompt's or kept entries
@@ -135,6 +141,7 @@ struct sequence::impl {
     // logits become the last ones computed. The probe, when asked for and present, records every step into out.
     template <typename F> auto steps(std::vector<std::vector<std::vector<float>>> * out, F && f) {
         const bool probe = out != nullptr && capture != nullptr;
+        ran_graphs       = true;
         if (probe) {
             capture->set_probe(true);
         }

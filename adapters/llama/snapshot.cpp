@@ -75,8 +75,21 @@ void sequence::restore(const snapshot & s) {
     impl_->state.reset();
     impl_->prefilled = false;
     impl_->comp      = {};
+    context_ptr fresh;  // a ragged cache into a context that ran graphs: a new one (fresh_context_per_compression)
+    if (!s.layout.empty() && impl_->ran_graphs && fresh_context_per_compression()) {
+        llama_context_params p = impl_->cparams;
+        p.n_ctx                = llama_n_ctx(impl_->ctx.get());
+        if (impl_->capture) {
+            impl_->capture->attach(p);
+        }
+        fresh = new_context(impl_->s->model, p);
+    }
     try {
-        write_state(impl_->ctx.get(), s, impl_->n_extra);
+        write_state(fresh ? fresh.get() : impl_->ctx.get(), s, impl_->n_extra);
+        if (fresh) {
+            impl_->ctx        = std::move(fresh);
+            impl_->ran_graphs = false;
+        }
     } catch (...) {
         impl_->n_past = impl_->origin_n_past = impl_->n_cells = 0;
         impl_->logits.clear();

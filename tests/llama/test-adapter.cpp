@@ -4,6 +4,7 @@
 // context or in place, and allocates exactly the kept entries plus the room asked for; (c) decoding continues at the
 // original positions, M-RoPE included; (d) the capture holds the cache's own K/V and the post-RoPE queries.
 #include "ecokv/llama-adapter.h"
+#include "ecokv/llama-session.h"
 #include "ecokv/llama-generate.h"
 #include "tiny-model.h"
 
@@ -154,6 +155,10 @@ TEST(adapter, uniform_compaction_equals_the_masked_reference) {
 
 // In place, the full cache is replaced by the kept entries: the same logits, the memory of the kept entries only.
 TEST(adapter, in_place_compaction_equals_the_masked_reference) {
+    if (el::gpu_offload_supported()) {  // the session API compresses into a new context there (docs/gpu.md)
+        GTEST_SKIP() << "reserving a context again after it ran graphs with an eval callback corrupts memory in "
+                        "ggml-vulkan 0.5.0 on lavapipe";
+    }
     const tiny_model m = make_tiny_model({});
     prefill          pf(m, prompt_tokens(40, m.config().n_vocab, 11), text_positions(40));
     EXPECT_EQ(el::kv_bytes_allocated(pf.ctx.get()), 512u * 2 * 2 * 2 * 16 * 2);  // 512 cells, 2 layers, 2 heads
@@ -208,7 +213,9 @@ TEST(adapter, merged_rows_are_what_the_cache_holds) {
         for (const bool v : { false, true }) {
             const ggml_tensor * store = llama_kv_store(cc.ctx.get(), il, v);
             ASSERT_EQ(store->type, GGML_TYPE_F16);
-            const auto * rows = static_cast<const ggml_fp16_t *>(store->data);
+            std::vector<ggml_fp16_t> host(size_t(ggml_nelements(store)));  // from a device too
+            ggml_backend_tensor_get(const_cast<ggml_tensor *>(store), host.data(), 0, ggml_nbytes(store));
+            const ggml_fp16_t * rows = host.data();
             size_t       row0 = 0;
             for (const auto & h : cc.sel.layers[il]) {
                 const std::vector<float> & merged = v ? h.values : h.keys;

@@ -4,6 +4,7 @@
 #include "test-util.h"
 
 #include "ecokv/llama-options.h"
+#include "ecokv/llama-session.h"
 #include "ecokv/options.h"
 
 #include <gtest/gtest.h>
@@ -179,6 +180,36 @@ TEST(run, every_option_row_is_a_flag) {
             EXPECT_EQ(contains(r.out, "--" + o.flag() + " "), command != "compress") << command << " " << o.flag();
         }
     }
+}
+
+// llama.cpp's offload options, with its spellings: -ngl takes a count, auto or all; --device names a device of this
+// build (an unknown one is an error listing them); --list-devices prints them and exits; -ngl on a build without a
+// usable GPU warns as llama.cpp does and runs on the CPU, where a compression copies nothing to the host.
+TEST(run, offload_options_are_llamas) {
+    temp_dir         dir;
+    const run_result bad = run_cli(dir.path().string(), { "run", "--model", k_model, "-f", k_prompt, "-ngl", "many" });
+    EXPECT_EQ(bad.code, 1) << describe(bad);
+    EXPECT_TRUE(contains(bad.err, "--n-gpu-layers 'many' is not a number (nor auto or all)")) << describe(bad);
+    const run_result dev = run_cli(dir.path().string(), { "run", "--model", k_model, "-f", k_prompt, "-dev", "Nope0" });
+    EXPECT_EQ(dev.code, 1) << describe(dev);
+    EXPECT_TRUE(contains(dev.err, "--device Nope0: no device 'Nope0'; ")) << describe(dev);
+    const run_result flag = run_cli(dir.path().string(), { "run", "--model", k_model, "-f", k_prompt,
+                                                           "--no-mmproj-offload=maybe" });
+    EXPECT_TRUE(contains(flag.err, "--no-mmproj-offload takes no value (or true/false), not 'maybe'")) << describe(flag);
+    for (const char * command : { "run", "eval", "serve", "analyze" }) {
+        const run_result list = run_cli(dir.path().string(), { command, "--list-devices" });
+        EXPECT_EQ(list.code, 0) << describe(list);
+        EXPECT_TRUE(contains(list.out, "Available devices:\n")) << describe(list);
+    }
+    if (ecokv::llama::gpu_offload_supported()) {
+        return;  // scripts/test-gpu.sh runs the rest on the device
+    }
+    EXPECT_TRUE(contains(run_cli(dir.path().string(), { "run", "--list-devices" }).out, "  (none)\n"));
+    const run_result cpu = run_cli(dir.path().string(), { "run", "--model", k_model, "-f", k_prompt, "--json", "-n",
+                                                          "4", "-b", "64", "-ngl", "all", "--no-mmproj-offload" });
+    ASSERT_EQ(cpu.code, 0) << describe(cpu);
+    EXPECT_TRUE(contains(cpu.err, "warning: no usable GPU found, --n-gpu-layers is ignored")) << describe(cpu);
+    EXPECT_EQ(json::parse(cpu.out)["bytes_to_host"].get<uint64_t>(), 0u);
 }
 
 // Engine options reach llama.cpp: an F32 cache takes twice the F16 bytes (K and V), -c bounds the context, and

@@ -33,6 +33,7 @@ ecokv::method_requirements window(int32_t n, bool full = false) {
     ecokv::method_requirements r;
     r.n_window_queries = n;
     r.full_queries     = full;
+    r.values           = true;  // a device cache's values too: the tests compress with methods that read them
     return r;
 }
 
@@ -116,6 +117,46 @@ TEST(session, compression_masks_what_was_evicted) {
     EXPECT_LT(rel_diff(cover.logits(), reference_logits(f.m, next, text_positions(41))), logit_rel_tolerance);
     EXPECT_LT(rel_diff(small.logits(), reference_logits(f.m, next, text_positions(41), keep)), logit_rel_tolerance);
     EXPECT_GT(rel_diff(small.logits(), reference_logits(f.m, next, text_positions(41))), 3 * logit_rel_tolerance);
+}
+
+// A compression copies to the host only what the method reads: every offloaded layer's keys of the prompt and the
+// capture's window rows of queries, and its values only for a method that reads them (ECOKV's value norms); the kept
+// rows are gathered on the device. Counted by hand for the fixture's model (2 layers, 4 query heads and 2 KV heads of
+// 16 elements, F16 cache, F32 queries, 48 prompt cells, 32 window rows); the offloaded layers are those llama.cpp puts
+// on the GPU for -ngl n (the last n - 1, the output layer counting as one), none without a GPU device. The kept
+// entries give the logits of the reference with the evicted ones masked.
+TEST(session, compression_copies_to_the_host_only_what_the_method_reads) {
+    const fixture f;
+    const auto    tokens  = prompt_tokens(48, f.m.config().n_vocab, 21);
+    const int32_t n_layer = f.m.config().n_layer, ngl = f.m.config().n_gpu_layers;
+    const int32_t on_gpu  = !el::gpu_offload_supported() ? 0
+                            : ngl < 0                   ? n_layer
+                                                        : n_layer - std::clamp(n_layer + 1 - ngl, 0, n_layer);
+    const uint64_t keys = 48u * 2 * 16 * 2, queries = 32u * 4 * 16 * 4, values = keys;
+    for (const char * method : { "snapkv", "snapkv+ecokv" }) {
+        SCOPED_TRACE(method);
+        const ecokv::method_spec spec = ecokv::parse_method(method);
+        const auto               needs = ecokv::requirements(spec, budget(16, 4));
+        EXPECT_EQ(needs.values, spec.scorer == "ecokv");  // the registry says who reads values
+        el::sequence full = f.s.prefill(f.s.make_prompt(tokens), 4, needs);
+        full.compress_in_place(spec, budget(16, 4));
+        // Queries come from wherever the scheduler computed them: an offloaded layer's on the device, and, since
+        // llama.cpp moves the batch's ops to the GPU (op_offload), possibly a CPU layer's too.
+        const uint64_t cache = uint64_t(on_gpu) * (keys + (needs.values ? values : 0));
+        const uint64_t moved = full.compression().bytes_to_host;
+        ASSERT_GE(moved, cache + on_gpu * queries);
+        EXPECT_EQ((moved - cache) % queries, 0u);
+        EXPECT_LE(moved - cache, uint64_t(el::gpu_offload_supported() ? n_layer : 0) * queries);
+        auto next = tokens;
+        next.push_back(9);
+        full.decode({ 9 });
+        const auto & sel  = full.compression().sel;
+        auto         keep = [&](int32_t il, int32_t g, int32_t qi, int32_t kj) {
+            const auto & kept = sel.layers[il][g].kept;
+            return qi < 48 || kj >= 48 || std::binary_search(kept.begin(), kept.end(), kj);
+        };
+        EXPECT_LT(rel_diff(full.logits(), reference_logits(f.m, next, text_positions(49), keep)), logit_rel_tolerance);
+    }
 }
 
 // What a query sees in a chunked prefill whose chunks end at `ends`, kept[k] being each (layer, KV head)'s kept cells

@@ -12,7 +12,8 @@ trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$DIR"' EXIT
 
 start() {  # start NAME ARGS...: a server on a free port, its URL in $URL
     local name=$1; shift
-    "$ECOKV" serve --port 0 --port-file "$DIR/$name.port" "$@" 2> "$DIR/$name.log" &
+    # shellcheck disable=SC2086  # SERVE_ARGS: engine flags for every server (scripts/test-gpu.sh: -ngl 99)
+    "$ECOKV" serve --port 0 --port-file "$DIR/$name.port" ${SERVE_ARGS:-} "$@" 2> "$DIR/$name.log" &
     PIDS+=($!)
     for _ in $(seq 300); do [[ -s "$DIR/$name.port" ]] && break; sleep 0.1; done
     [[ -s "$DIR/$name.port" ]] || { cat "$DIR/$name.log"; echo "server $name did not start"; exit 1; }
