@@ -30,8 +30,8 @@ for ngl in 99 2; do  # every layer; the last layer and the output (layer 0 stays
     echo "== exact-logit tests, ECOKV_TEST_NGL=$ngl"
     GGML_VK_DISABLE_F16=1 ECOKV_TEST_NGL=$ngl ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)" -R "$exact"
 done
-echo "== the CLI on the device (every layer offloaded: -ngl auto)"
-ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)" -R '^run\.|tiny_vlm\.'
+echo "== the CLI on the device (every layer offloaded: -ngl auto; F32 shaders, as above)"
+GGML_VK_DISABLE_F16=1 ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)" -R '^run\.|tiny_vlm\.'
 
 echo "== the README's question: the same greedy tokens on the device as on the CPU"
 question=(run --image models/tiny-vlm-sample.png --question "What is the TOTAL?" --method snapkv+ecokv --budget 64
