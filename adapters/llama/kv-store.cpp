@@ -117,8 +117,8 @@ struct fill_job {
     }
 };
 
-// A tensor of `type` and shape ne over `bytes` at `addr` of `buffer` (a row view under another type: the I32 words
-// of any KV row, so that get_rows copies them unchanged).
+// A [ne0, ne1] tensor of `type` over the bytes at `addr` of `buffer`: rows of a KV store seen as I32 words, so that
+// get_rows copies them bit for bit whatever the store's type.
 ggml_tensor * alias(ggml_context * ctx, ggml_backend_buffer_t buffer, void * addr, ggml_type type, int64_t ne0,
                     int64_t ne1) {
     ggml_tensor * t = ggml_new_tensor_2d(ctx, type, ne0, ne1);
@@ -128,14 +128,27 @@ ggml_tensor * alias(ggml_context * ctx, ggml_backend_buffer_t buffer, void * add
     return t;
 }
 
-// The kept rows of layer il's store `old` (K, or V when is_v) written into `store` on their backend: a graph of one
-// get_rows per KV head over the old rows seen as I32 words, each writing its head's rows in place. A transposed V
-// (a context without flash attention) is first copied to rows (its prompt cells only), on the device too. Heads
-// whose rows a merge rewrote are written from the host. Throws ecokv::error.
-void gather_on_backend(fill_job & job, int32_t il, const ggml_tensor * old, ggml_tensor * store, bool is_v,
-                       bool transposed) {
+// Computes gf on the backend, every view in it placed first (no allocator runs: the tensors have their memory).
+void compute(ggml_backend_t be, ggml_cgraph * gf, const char * what) {
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        ggml_tensor * t = ggml_graph_node(gf, i);
+        if (t->view_src != nullptr && t->buffer == nullptr) {
+            ggml_backend_view_init(t);
+        }
+    }
+    if (ggml_graph_n_nodes(gf) > 0 && ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
+        throw error(std::string(what) + " on the device failed");
+    }
+}
+
+// The kept rows of layer il's store `old` (K, or V when is_v) written into `store` on their backend, without the host:
+// one get_rows per KV head over the old rows seen as I32 words, its output placed in the head's rows of the new
+// store. A transposed V (a context without flash attention) is first copied to rows (its prompt cells only) in a
+// buffer of the backend. Heads whose rows a merge rewrote are written from the host. Throws ecokv::error.
+void gather_with_graph(fill_job & job, int32_t il, const ggml_tensor * old, ggml_tensor * store, bool is_v) {
     const auto &   layer  = job.sel.layers[il];
     const int32_t  n_kv   = int32_t(layer.size());
+    const bool     trans  = is_v && job.v_transposed;
     const size_t   row    = ggml_row_size(store->type, store->ne[0]);  // one head's entry, whole words
     const int64_t  words  = int64_t(row / sizeof(int32_t));
     ggml_backend_t be     = job.backend_of(store);
@@ -143,13 +156,8 @@ void gather_on_backend(fill_job & job, int32_t il, const ggml_tensor * old, ggml
     std::unique_ptr<ggml_context, backend_deleter> ctx(
         ggml_init({ n_tens * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_tens, false), nullptr, true }));
 
-    ggml_tensor * rows = nullptr;  // the old store as [words, rows of one head]
-    ggml_tensor * copy = nullptr;  // transposed V: the prompt's cells as rows, in a buffer of the backend
-    if (transposed) {
-        copy = ggml_new_tensor_2d(ctx.get(), old->type, old->ne[0], job.n_prompt);
-    } else {
-        rows = alias(ctx.get(), old->buffer, old->data, GGML_TYPE_I32, words, int64_t(ggml_nbytes(old) / row));
-    }
+    // The tensors needing memory of the backend: the transposed V's rows, each head's indices.
+    ggml_tensor * cells = trans ? ggml_new_tensor_2d(ctx.get(), old->type, old->ne[0], job.n_prompt) : nullptr;
     std::vector<ggml_tensor *> index(size_t(n_kv), nullptr);
     for (int32_t g = 0; g < n_kv; ++g) {
         if (!layer[g].kept.empty() && (is_v ? layer[g].values : layer[g].keys).empty()) {
@@ -157,25 +165,17 @@ void gather_on_backend(fill_job & job, int32_t il, const ggml_tensor * old, ggml
         }
     }
     std::unique_ptr<ggml_backend_buffer, backend_deleter> scratch(ggml_backend_alloc_ctx_tensors(ctx.get(), be));
-    if (transposed) {
-        rows = alias(ctx.get(), copy->buffer, copy->data, GGML_TYPE_I32, words, int64_t(job.n_prompt) * n_kv);
-    }
     ggml_cgraph * gf = ggml_new_graph_custom(ctx.get(), n_tens, false);
-    if (transposed) {  // old: element e of cell c at e * n_cells_total + c
-        ggml_tensor * cells = ggml_view_2d(ctx.get(), const_cast<ggml_tensor *>(old), job.n_prompt, old->ne[0],
-                                           size_t(old->ne[1]) * ggml_type_size(old->type), 0);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx.get(), ggml_transpose(ctx.get(), cells), copy));
-        for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {  // the views, in order (no allocator places them)
-            ggml_tensor * t = ggml_graph_node(gf, i);
-            if (t->view_src != nullptr && t->buffer == nullptr) {
-                ggml_backend_view_init(t);
-            }
-        }
-        if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
-            throw error("transposing a V store on its device failed");
-        }
+    if (trans) {  // old: element e of cell c at e * n_cells_total + c
+        ggml_tensor * t = ggml_view_2d(ctx.get(), const_cast<ggml_tensor *>(old), job.n_prompt, old->ne[0],
+                                       size_t(old->ne[1]) * ggml_type_size(old->type), 0);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx.get(), ggml_transpose(ctx.get(), t), cells));
+        compute(be, gf, "transposing a V store");
         ggml_graph_clear(gf);
     }
+    const ggml_tensor * src  = trans ? cells : old;  // [words, rows of one head] below
+    ggml_tensor *       rows = alias(ctx.get(), src->buffer, src->data, GGML_TYPE_I32, words,
+                                     int64_t(ggml_nbytes(src) / row));
     size_t row0 = 0;
     for (int32_t g = 0; g < n_kv; ++g) {
         const head_selection & h = layer[g];
@@ -185,7 +185,7 @@ void gather_on_backend(fill_job & job, int32_t il, const ggml_tensor * old, ggml
                 at[j] = int32_t(job.from.row(il, g, h.kept[j]));
             }
             ggml_backend_tensor_set(index[g], at.data(), 0, at.size() * sizeof(int32_t));
-            ggml_tensor * out = ggml_get_rows(ctx.get(), rows, index[g]);  // written in place: its data is set
+            ggml_tensor * out = ggml_get_rows(ctx.get(), rows, index[g]);
             if (ggml_backend_tensor_alloc(store->buffer, out, static_cast<char *>(store->data) + row0 * row) !=
                 GGML_STATUS_SUCCESS) {
                 throw error("cannot place the kept rows of a KV head");
@@ -197,9 +197,7 @@ void gather_on_backend(fill_job & job, int32_t il, const ggml_tensor * old, ggml
         }
         row0 += h.kept.size() + job.n_cells;
     }
-    if (ggml_graph_n_nodes(gf) > 0 && ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
-        throw error("gathering the kept rows on the device failed");
-    }
+    compute(be, gf, "gathering the kept rows");
 }
 
 // Layer il's kept rows from the capture's (host) views into `store`.
@@ -222,10 +220,9 @@ bool fill_layer(int32_t il, ggml_tensor * k, ggml_tensor * v, void * user_data) 
         for (const bool is_v : { false, true }) {
             const ggml_tensor * old   = (is_v ? job.old_v : job.old_k)[il];
             ggml_tensor *       store = is_v ? v : k;
-            if (gathers_on_backend(old, job.from.layout.empty() ? n_kv : 1) && old->buffer &&
+            if (gathers_on_backend(old, job.from.layout.empty() ? n_kv : 1) &&
                 ggml_backend_buffer_get_type(old->buffer) == ggml_backend_buffer_get_type(store->buffer)) {
-                const bool transposed = is_v && job.v_transposed;
-                gather_on_backend(job, il, old, store, is_v, transposed);
+                gather_with_graph(job, il, old, store, is_v);
             } else {
                 gather_on_host(job, il, store, is_v);
             }
