@@ -25,4 +25,7 @@ for type in f16 q8_0 q4_0; do
             --out "$out/$type-$protocol"
     done
 done
-$py vlm/quantized_kv_table.py "$out" | tee "$out/table.md"
+# Written beside and renamed into place: an interrupted run leaves the previous table, never half of one.
+$py vlm/quantized_kv_table.py "$out" > "$out/table.md.tmp"
+mv "$out/table.md.tmp" "$out/table.md"
+cat "$out/table.md"

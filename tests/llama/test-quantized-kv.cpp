@@ -5,6 +5,7 @@
 // chunked; the bytes allocated against a count by hand.
 #include "ecokv/error.h"
 #include "ecokv/llama-session.h"
+#include "session-test-util.h"
 #include "tiny-model.h"
 
 #include <gtest/gtest.h>
@@ -20,11 +21,6 @@ namespace {
 
 using namespace ecokv::test;
 namespace el = ecokv::llama;
-
-const bool quiet = [] {
-    el::set_verbose(false);
-    return true;
-}();
 
 // head_dim 32: whole blocks of every quantized type (32 elements each).
 tiny_config config(const std::string & arch) {
@@ -51,20 +47,6 @@ el::session_options options(cache_types t) {
     return o;
 }
 
-ecokv::method_params budget(int32_t b, int32_t w) {
-    ecokv::method_params p;
-    p.budget = b;
-    p.window = w;
-    return p;
-}
-
-// Visible keys after a compression of the first n_prompt tokens: the kept ones, then every later token.
-keep_fn kept_mask(const std::vector<std::vector<int32_t>> & kept, int32_t n_kv, int32_t n_prompt) {
-    return [&kept, n_kv, n_prompt](int32_t il, int32_t g, int32_t qi, int32_t kj) {
-        const auto & h = kept[size_t(il) * n_kv + g];
-        return qi < n_prompt || kj >= n_prompt || std::binary_search(h.begin(), h.end(), kj);
-    };
-}
 
 // A file removed at the end of the test.
 struct temp_file {

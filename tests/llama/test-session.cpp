@@ -4,6 +4,7 @@
 // a new context, fidelity to the full cache, sequences decoding concurrently, and clear errors.
 #include "ecokv/error.h"
 #include "ecokv/llama-session.h"
+#include "session-test-util.h"
 #include "tiny-model.h"
 
 #include <gtest/gtest.h>
@@ -16,12 +17,6 @@ namespace {
 
 using namespace ecokv::test;
 namespace el = ecokv::llama;
-
-// llama.cpp's log only for errors.
-const bool quiet = [] {
-    el::set_verbose(false);
-    return true;
-}();
 
 el::session_options two_threads() {
     el::session_options o;
@@ -37,12 +32,6 @@ ecokv::method_requirements window(int32_t n, bool full = false) {
     return r;
 }
 
-ecokv::method_params budget(int32_t b, int32_t w = -1) {
-    ecokv::method_params p;
-    p.budget = b;
-    p.window = w;
-    return p;
-}
 
 struct fixture {
     tiny_model  m = make_tiny_model({});
@@ -105,11 +94,7 @@ TEST(session, compression_masks_what_was_evicted) {
     EXPECT_EQ(small.kv_bytes_allocated(), 2u * 2 * 21 * 64);
     EXPECT_EQ(full.kv_bytes_kept(), 40u * 256u);
     EXPECT_EQ(small.kv_bytes_kept(), 12u * 256u);
-    const auto & sel  = small.compression().sel;
-    auto         keep = [&](int32_t il, int32_t g, int32_t qi, int32_t kj) {
-        const auto & kept = sel.layers[il][g].kept;
-        return qi < 40 || kj >= 40 || std::binary_search(kept.begin(), kept.end(), kj);
-    };
+    const keep_fn keep = kept_mask(small.kept_cells(), 2, 40);
     auto next = tokens;
     next.push_back(9);
     cover.decode({ 9 });
@@ -150,12 +135,9 @@ TEST(session, compression_copies_to_the_host_only_what_the_method_reads) {
         auto next = tokens;
         next.push_back(9);
         full.decode({ 9 });
-        const auto & sel  = full.compression().sel;
-        auto         keep = [&](int32_t il, int32_t g, int32_t qi, int32_t kj) {
-            const auto & kept = sel.layers[il][g].kept;
-            return qi < 48 || kj >= 48 || std::binary_search(kept.begin(), kept.end(), kj);
-        };
-        EXPECT_LT(rel_diff(full.logits(), reference_logits(f.m, next, text_positions(49), keep)), logit_rel_tolerance);
+        EXPECT_LT(rel_diff(full.logits(), reference_logits(f.m, next, text_positions(49),
+                                                           kept_mask(full.kept_cells(), 2, 48))),
+                  logit_rel_tolerance);
     }
 }
 

@@ -266,16 +266,22 @@ void read_common_fields(const json & body, const request_limits & limits, chat_r
     }
 }
 
-}  // namespace
-
-chat_request parse_chat_request(const json & body, const request_limits & limits) {
+// What both endpoints start with: a JSON object, and its optional model name.
+chat_request request_of(const json & body) {
     if (!body.is_object()) {
         throw bad_request("", "the request body must be a JSON object");
     }
     chat_request r;
     const json & model = field(body, "model", json::value_t::string, "");
     r.model            = model.is_string() ? model.get<std::string>() : "";
-    const json & msgs  = field(body, "messages", json::value_t::array, "");
+    return r;
+}
+
+}  // namespace
+
+chat_request parse_chat_request(const json & body, const request_limits & limits) {
+    chat_request r    = request_of(body);
+    const json & msgs = field(body, "messages", json::value_t::array, "");
     if (!msgs.is_array() || msgs.empty()) {
         throw bad_request("messages", "'messages' must be a non-empty array");
     }
@@ -309,12 +315,7 @@ chat_request parse_chat_request(const json & body, const request_limits & limits
 }
 
 chat_request parse_completion_request(const json & body, const request_limits & limits) {
-    if (!body.is_object()) {
-        throw bad_request("", "the request body must be a JSON object");
-    }
-    chat_request r;
-    const json & model  = field(body, "model", json::value_t::string, "");
-    r.model             = model.is_string() ? model.get<std::string>() : "";
+    chat_request r      = request_of(body);
     const json & prompt = body.contains("prompt") ? body["prompt"] : json();
     if (prompt.is_string() && !prompt.get<std::string>().empty()) {
         r.prompt_text = prompt.get<std::string>();
@@ -330,7 +331,6 @@ chat_request parse_completion_request(const json & body, const request_limits & 
     refuse_unsupported_fields(body, k_completion_fields);
     return r;
 }
-
 
 json error_body(const request_error & e) {
     return { { "error", { { "message", e.what() },
