@@ -57,19 +57,16 @@ def slow_clients(n, port, stop, closed_at, opened):
 
 
 def main():
-    chat = json.dumps({"max_tokens": 4, "messages": [{"role": "user", "content": "What is the TOTAL?"}]})
-    # Within 1 s more than on an idle server: the compute itself is the device's (lavapipe takes most of a second).
-    idle = {"/health": timed(port_slow, "GET", "/health")[1],
-            "a chat request": timed(port_slow, "POST", "/v1/chat/completions", chat)[1]}
     stop, opened, closed_at = threading.Event(), threading.Event(), {}
     t = threading.Thread(target=slow_clients, args=(200, port_slow, stop, closed_at, opened))
     t.start()
     opened.wait()
     time.sleep(1.0)  # every slow client has sent a few bytes
+    chat = json.dumps({"max_tokens": 4, "messages": [{"role": "user", "content": "What is the TOTAL?"}]})
     for what, (status, took, _) in (("/health", timed(port_slow, "GET", "/health")),
                                     ("a chat request", timed(port_slow, "POST", "/v1/chat/completions", chat))):
-        assert status == 200 and took < 1.0 + idle[what], (what, status, took, idle[what])
-        print(f"ok - {what} answers in {took:.3f} s beside 200 slow connections ({idle[what]:.3f} s idle)")
+        assert status == 200 and took < 1.0, (what, status, took)
+        print(f"ok - {what} answers in {took:.3f} s beside 200 slow connections")
     t.join(timeout + 10)
     stop.set()
     assert len(closed_at) == 200, f"{200 - len(closed_at)} slow connections still open"
