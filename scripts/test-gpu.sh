@@ -18,9 +18,8 @@ export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0}
 ECOKV_BUILD_TARGETS="ecokv-cli test-adapter test-session test-run test-tiny-vlm" \
     bash scripts/setup.sh --no-demo --backend "$backend"
 ecokv=$build_dir/bin/ecokv
-"$ecokv" run --list-devices | tee /tmp/ecokv-devices.$$
-grep -q '^  [A-Za-z]*0: ' /tmp/ecokv-devices.$$ || { echo "test-gpu.sh: no $backend device"; exit 1; }
-rm -f /tmp/ecokv-devices.$$
+"$ecokv" run --list-devices | tee "$build_dir/devices.txt"
+grep -q '^  [A-Za-z]*0: ' "$build_dir/devices.txt" || { echo "test-gpu.sh: no $backend device"; exit 1; }
 
 # At the CPU tests' tolerances with F32 shaders: lavapipe reports fp16, and ggml-vulkan's F16 MUL_MAT and
 # FLASH_ATTN_EXT shaders then round Q/K/V and attention to F16 (1.6e-4 to 4.2e-4 relative between two equal caches of

@@ -150,13 +150,8 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
     info.select_seconds = seconds_since(t0);
     t0                  = std::chrono::steady_clock::now();
     const uint64_t before = kv_bytes_allocated();
-    context_ptr    fresh;  // compress_in_place says why
-    if (q.ran_graphs && fresh_context_per_compression()) {
-        llama_context_params p = q.cparams;
-        p.n_ctx                = uint32_t(std::max(n_room, 1));
-        q.capture->attach(p);
-        fresh = new_context(q.s->model, p);
-    }
+    // compress_in_place says why
+    context_ptr fresh = q.ran_graphs && fresh_context_per_compression() ? q.replacement_context(n_room) : nullptr;
     make_ragged(fresh ? fresh.get() : q.ctx.get(), cap, info.sel, n_room, q.n_past - 1,
                 { q.ctx.get(), cap.n_kv_heads, q.layout, q.n_extra });
     if (fresh) {

@@ -91,6 +91,15 @@ int32_t sequence::impl::head_cells() const {
     return int32_t(*std::max_element(layout.begin(), layout.end())) + 1 + n_extra;
 }
 
+context_ptr sequence::impl::replacement_context(int32_t n_cells) const {
+    llama_context_params p = cparams;
+    p.n_ctx                = uint32_t(std::max(n_cells, 1));
+    if (capture) {
+        capture->attach(p);
+    }
+    return new_context(s->model, p);
+}
+
 void sequence::impl::note_peak(uint64_t transient) {
     peak_cells = std::max(peak_cells, head_cells());
     peak_bytes = std::max(peak_bytes, llama::kv_bytes_allocated(ctx.get()) + transient);

@@ -113,6 +113,10 @@ struct sequence::impl {
     // KV cells per head as allocated: the usual cache's cells, or a ragged one's longest head with its room.
     int32_t head_cells() const;
 
+    // A new context like this one's (the capture attached) of n_cells, to replace ctx where a ragged cache cannot be
+    // made in ctx itself (fresh_context_per_compression).
+    context_ptr replacement_context(int32_t n_cells) const;
+
     // Records the memory held now, plus `transient` bytes held a moment before together with it.
     void note_peak(uint64_t transient = 0);
 

@@ -75,15 +75,10 @@ void sequence::restore(const snapshot & s) {
     impl_->state.reset();
     impl_->prefilled = false;
     impl_->comp      = {};
-    context_ptr fresh;  // a ragged cache into a context that ran graphs: a new one (fresh_context_per_compression)
-    if (!s.layout.empty() && impl_->ran_graphs && fresh_context_per_compression()) {
-        llama_context_params p = impl_->cparams;
-        p.n_ctx                = llama_n_ctx(impl_->ctx.get());
-        if (impl_->capture) {
-            impl_->capture->attach(p);
-        }
-        fresh = new_context(impl_->s->model, p);
-    }
+    // a ragged cache into a context that ran graphs: a new one (fresh_context_per_compression)
+    context_ptr fresh = !s.layout.empty() && impl_->ran_graphs && fresh_context_per_compression()
+                            ? impl_->replacement_context(int32_t(llama_n_ctx(impl_->ctx.get())))
+                            : nullptr;
     try {
         write_state(fresh ? fresh.get() : impl_->ctx.get(), s, impl_->n_extra);
         if (fresh) {
