@@ -161,7 +161,7 @@ llama::model_ptr build_model(const model_shape & m, model_info & info) {
     c.weight_type            = m.wtype;
     c.keep_reference_weights = false;
     c.n_threads              = m.threads;
-    c.n_gpu_layers           = m.engine.n_gpu_layers >= 0 ? m.engine.n_gpu_layers : -1;  // -ngl: auto and all are all
+    c.n_gpu_layers           = m.engine.llama_gpu_layers();
     c.on_progress            = [last = -1](uint64_t done, uint64_t total) mutable {
         const int pct = int(std::min<uint64_t>(100, 100 * done / std::max<uint64_t>(total, 1)));
         if (pct / 10 != last / 10) {

@@ -173,6 +173,8 @@ TEST(serve, bad_requests_name_the_field) {
     EXPECT_EQ(param_of([&] { parse_chat_request(with("stop", ""), l); }), "stop");  // would end every answer at once
     EXPECT_EQ(param_of([&] { parse_chat_request(with("stream", "yes"), l); }), "stream");
     EXPECT_EQ(param_of([&] { parse_chat_request(with("n", 2), l); }), "n");
+    // A field of the wrong type inside a neutral field is refused too (json's value() would throw its own error).
+    EXPECT_EQ(param_of([&] { parse_chat_request(with("response_format", { { "type", 1 } }), l); }), "response_format");
     EXPECT_EQ(param_of([&] { parse_chat_request(with("kv_compression", 5), l); }), "kv_compression");
     EXPECT_TRUE(parse_chat_request(with("kv_compression", false), l).kv_compression_off);
     EXPECT_EQ((*parse_chat_request(with("kv_compression", { { "budget", 32 } }), l).kv_compression)["budget"], 32);

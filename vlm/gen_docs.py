@@ -283,11 +283,14 @@ def write_set(out, seed, count, task, n_fields=None, make_item=None, encode_png=
             name = f"images/{task}-{s}" + (f"-{k}" if len(it["images"]) > 1 else "") + ".png"
             write_atomic(os.path.join(out, name), encode_png(img))
             names.append(name)
-        rec = {"id": f"{task}-{s}", "image": names, "question": it["question"], "answers": [it["answer"]],
-               "type": it["type"]}
-        if it["context"]:
-            rec["context"] = it["context"]
-        lines.append(json.dumps(rec))
+        # one record per question: the item's, or every question of its page (it["all"], in page order)
+        asked = it.get("all") or [(it["question"], it["answer"], it["type"])]
+        for k, (q, a, t) in enumerate(asked):
+            rec = {"id": f"{task}-{s}" + (f"-q{k + 1}" if len(asked) > 1 else ""), "image": names, "question": q,
+                   "answers": [a], "type": t}
+            if it["context"]:
+                rec["context"] = it["context"]
+            lines.append(json.dumps(rec))
         if (i + 1) % 100 == 0 or i + 1 == count:
             print(f"\r{i + 1}/{count} items", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)

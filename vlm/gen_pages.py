@@ -18,7 +18,7 @@ ECOKV paper's premises can be measured on it (issue 14):
 Item i of `--seed S` uses seed S + i (same seed, same bytes). Seed ranges as gen_docs.py: held-out below
 250,000, 250,000-999,999 reserved (never used), training from 1,000,000 (vlm/README.md lists the sets).
 
-Usage: gen_pages.py --seed 0 --count 500 --out DIR [--task qa|read|row|multi] [--scale F]
+Usage: gen_pages.py --seed 0 --count 500 --out DIR [--task qa|read|row|multi] [--scale F] [--all-questions]
 writes DIR/images/*.png and DIR/items.jsonl, the `generated` dataset format of `ecokv eval`.
 """
 
@@ -114,9 +114,11 @@ def questions(grid, rows, fields, place, page_index=0):
     return out
 
 
-def item(seed, task, n_fields=None, scale=None):
-    """One sample: dict(grids, images, question, answer, cells, type, context, others=[(q, a, cells)...]).
-    A downscaled item (scale < 1) has no cells: its cells no longer hold one character each."""
+def item(seed, task, n_fields=None, scale=None, all_questions=False):
+    """One sample: dict(grids, images, question, answer, cells, type, context, others=[(q, a, cells)...]), and
+    with all_questions all=[(q, a, type)...], every question of the task on the page in page order (the same
+    random draws: the item's question is one of them). A downscaled item (scale < 1) has no cells: its cells no
+    longer hold one character each."""
     rng = random.Random(seed)
     if task == "multi":
         return multi_item(rng)
@@ -132,8 +134,11 @@ def item(seed, task, n_fields=None, scale=None):
     if scale is not None and scale != 1:
         image = downscale(image, scale)
         cells, others = None, [(x[0], x[1], None) for x in others]
-    return {"grids": [grid], "images": [image], "question": q, "answer": a, "cells": cells, "type": t,
-            "context": "", "others": others}
+    out = {"grids": [grid], "images": [image], "question": q, "answer": a, "cells": cells, "type": t,
+           "context": "", "others": others}
+    if all_questions:
+        out["all"] = [(x[0], x[1], x[3]) for x in pool]
+    return out
 
 
 def multi_item(rng):
@@ -171,11 +176,13 @@ def png_bytes(img):
 def main():
     ap = gen_docs.set_options(__doc__)
     ap.add_argument("--scale", type=float, default=None, help="downscale pages by this factor (0 < F <= 1)")
+    ap.add_argument("--all-questions", action="store_true",
+                    help="one item per question of the task on each page (ids TASK-SEED-qK), not one chosen question")
     a = ap.parse_args()
     gen_docs.check_seeds(ap, a)
     if a.scale is not None and not 0 < a.scale <= 1:
         ap.error("--scale must be in (0, 1]")
-    gen_docs.write_set(a.out, a.seed, a.count, a.task, a.fields, lambda seed, task, n: item(seed, task, n, a.scale),
+    gen_docs.write_set(a.out, a.seed, a.count, a.task, a.fields, lambda seed, task, n: item(seed, task, n, a.scale, a.all_questions),
                        png_bytes)
 
 

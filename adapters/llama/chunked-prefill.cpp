@@ -150,8 +150,7 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
     info.select_seconds = seconds_since(t0);
     t0                  = std::chrono::steady_clock::now();
     const uint64_t before = kv_bytes_allocated();
-    // compress_in_place says why
-    context_ptr fresh = q.ran_graphs && fresh_context_per_compression() ? q.replacement_context(n_room) : nullptr;
+    context_ptr fresh = q.rebuilds_in_new_context() ? q.replacement_context(n_room) : nullptr;
     make_ragged(fresh ? fresh.get() : q.ctx.get(), cap, info.sel, n_room, q.n_past - 1,
                 { q.ctx.get(), cap.n_kv_heads, q.layout, q.n_extra });
     if (fresh) {

@@ -61,7 +61,7 @@ std::vector<ggml_backend_dev_t> offload_devices(const session_options & o) {
 
 llama_model_params model_params(const session_options & o, const std::vector<ggml_backend_dev_t> & devices) {
     llama_model_params p = llama_model_default_params();
-    p.n_gpu_layers       = o.n_gpu_layers >= 0 ? o.n_gpu_layers : -1;  // llama.cpp's -1: every layer and the output
+    p.n_gpu_layers       = o.llama_gpu_layers();
     if (!devices.empty()) {
         p.devices = const_cast<ggml_backend_dev_t *>(devices.data());
     }

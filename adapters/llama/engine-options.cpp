@@ -57,9 +57,13 @@ void set_layers(const engine_option &, session_options & o, const option_value &
 
 // --device: checked against the devices of this build (an unknown name lists them).
 option_value get_devices(const engine_option &, const session_options & o) { return o.devices; }
-void set_devices(const engine_option &, session_options & o, const option_value & v) {
+void set_devices(const engine_option & r, session_options & o, const option_value & v) {
     o.devices = std::get<std::string>(v);
-    offload_devices(o);
+    try {
+        offload_devices(o);
+    } catch (const error & e) {  // an option error, as the other rows': the caller names the flag's source
+        throw option_error(std::string(r.key), e.what());
+    }
 }
 
 option_value get_no_mmproj_offload(const engine_option &, const session_options & o) {

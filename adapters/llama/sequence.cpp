@@ -276,9 +276,7 @@ sequence sequence::compress(const method_spec & spec, const method_params & para
 void sequence::compress_in_place(const method_spec & spec, const method_params & params) {
     check_window(spec, params);
     const uint64_t   before = kv_bytes_allocated();
-    // With a GPU device the kept entries go to a new context (the capture moves with it): reserving a context again
-    // after it ran graphs with an eval callback corrupts memory in ggml-vulkan on lavapipe (docs/gpu.md).
-    const bool       fresh  = impl_->ran_graphs && fresh_context_per_compression();
+    const bool       fresh  = impl_->rebuilds_in_new_context();  // the capture moves with the kept entries
     compressed_cache cc     = impl_->compress(impl_->prefill(), spec, params, impl_->n_extra,
                                               fresh ? impl_->capture.get() : nullptr, !fresh);
     impl_->ran_graphs = impl_->ran_graphs && !fresh;

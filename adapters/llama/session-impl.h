@@ -117,6 +117,10 @@ struct sequence::impl {
     // made in ctx itself (fresh_context_per_compression).
     context_ptr replacement_context(int32_t n_cells) const;
 
+    // Whether a ragged cache written now must go to a replacement_context: ctx ran graphs, on a GPU build
+    // (fresh_context_per_compression says why).
+    bool rebuilds_in_new_context() const { return ran_graphs && fresh_context_per_compression(); }
+
     // Records the memory held now, plus `transient` bytes held a moment before together with it.
     void note_peak(uint64_t transient = 0);
 

@@ -75,8 +75,7 @@ void sequence::restore(const snapshot & s) {
     impl_->state.reset();
     impl_->prefilled = false;
     impl_->comp      = {};
-    // a ragged cache into a context that ran graphs: a new one (fresh_context_per_compression)
-    context_ptr fresh = !s.layout.empty() && impl_->ran_graphs && fresh_context_per_compression()
+    context_ptr fresh = !s.layout.empty() && impl_->rebuilds_in_new_context()
                             ? impl_->replacement_context(int32_t(llama_n_ctx(impl_->ctx.get())))
                             : nullptr;
     try {

@@ -141,7 +141,7 @@ const neutral_field k_neutral_fields[] = {
     { "frequency_penalty", [](const json & v) { return v.is_number() && v.get<double>() == 0; },
       "'frequency_penalty' other than 0 is not supported" },
     { "logit_bias", [](const json & v) { return v.is_object() && v.empty(); }, "'logit_bias' is not supported" },
-    { "response_format", [](const json & v) { return v.is_object() && v.value("type", "") == "text" && v.size() == 1; },
+    { "response_format", [](const json & v) { return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text"; },
       "'response_format' other than {\"type\": \"text\"} is not supported: no JSON or grammar-constrained output" },
     { "tools", [](const json & v) { return v.is_array() && v.empty(); },
       "'tools' are not supported: this server has no function calling" },

@@ -69,6 +69,9 @@ struct session_options {
     int32_t               n_gpu_layers   = k_auto_layers;
     std::string           devices;
     bool                  mmproj_offload = true;
+
+    // n_gpu_layers as llama_model_params takes it (-1: every layer and the output).
+    int32_t llama_gpu_layers() const { return n_gpu_layers >= 0 ? n_gpu_layers : -1; }
 };
 
 // A device ggml can run on, as llama.cpp's --list-devices prints it.
