@@ -6,8 +6,9 @@
 #   lib/libecokv.a, lib/libecokv-eval.a, lib/libecokv-llama.a, include/ecokv/*.h   ecokv::ecokv, ::eval, ::llama
 #   lib/cmake/ecokv/ecokv-config.cmake, -config-version.cmake, -targets*.cmake     find_package(ecokv)
 #   bin/ecokv (tools/CMakeLists.txt; RUNPATH $ORIGIN/../lib)
-#   share/ecokv/models/: tiny-vlm.gguf, tiny-vlm-mmproj.gguf, tiny-vlm-sample.png, stories260K.gguf, the models
-#       of `ecokv run` without --model (tools/common/bundled.cpp finds them from the installed binary)
+#   share/ecokv/models/: tiny-vlm.gguf, tiny-vlm-mmproj.gguf, tiny-vlm-sample.png, tiny-qwen2vl.gguf,
+#       tiny-qwen2vl-mmproj.gguf, tiny-qwen2vl-sample/ (the main job's page and questions), stories260K.gguf: the
+#       models of `ecokv run` without --model (tools/common/bundled.cpp finds them from the installed binary)
 #
 # llama.cpp, when built here (routes a and c of cmake/llama.cmake): its five shared libraries libllama, libmtmd,
 # libggml, libggml-base, libggml-cpu go to lib/ (RUNPATH $ORIGIN, set in cmake/llama.cmake) with the public
@@ -78,7 +79,9 @@ endif()
 
 if (TARGET ecokv-cli AND TARGET ecokv-llama)
     install(FILES models/tiny-vlm.gguf models/tiny-vlm-mmproj.gguf models/tiny-vlm-sample.png models/stories260K.gguf
+                  models/tiny-qwen2vl.gguf models/tiny-qwen2vl-mmproj.gguf
             DESTINATION ${CMAKE_INSTALL_DATADIR}/ecokv/models)
+    install(DIRECTORY models/tiny-qwen2vl-sample DESTINATION ${CMAKE_INSTALL_DATADIR}/ecokv/models)
 endif()
 
 set(ECOKV_CONFIG_HAS_EVAL OFF)

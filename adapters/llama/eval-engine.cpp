@@ -31,7 +31,7 @@ class llama_engine final : public eval_engine {
         prompt_.emplace(s_.make_prompt(parts.context, item.images));
         full_.emplace(s_.prefill(*prompt_, n_extra_, needs));  // chunked too: its probe records the reference's attention
         const eval_prefill pf = { full_->n_prompt(), full_->n_media(), full_->kv_bytes_allocated(),
-                                  full_->prefill_seconds() };
+                                  full_->prefill_seconds(), full_->kv_bytes_per_cell() };
         reference_ = full_->answer_reference(question_, n_predict);
         return pf;
     }
@@ -41,6 +41,7 @@ class llama_engine final : public eval_engine {
         a.output   = s_.detokenize(reference_.answer.tokens);
         a.decode_s = reference_.answer.seconds;
         a.kv_bytes = full_->kv_bytes_allocated();
+        a.kv_bytes_kept = uint64_t(full_->n_prompt()) * full_->kv_bytes_per_cell();
         return a;
     }
 
@@ -55,6 +56,7 @@ class llama_engine final : public eval_engine {
         a.decode_s       = g.seconds;
         a.compress_s     = c.compression().select_seconds + c.compression().rebuild_seconds;
         a.kv_bytes       = c.kv_bytes_allocated();
+        a.kv_bytes_kept  = c.kv_bytes_kept();
         a.agreement      = f.n ? std::optional<double>(f.agreement) : std::nullopt;
         a.mean_kl        = f.n ? std::optional<double>(f.mean_kl) : std::nullopt;
         a.attn_rel_error = f.attn_rel_error;

@@ -84,7 +84,8 @@ if (MODE STREQUAL "installed")
         set(moved "${WORK_DIR}/moved-prefix")
         file(RENAME "${prefix}" "${moved}")
         set(models "${moved}/share/ecokv/models")
-        foreach (f tiny-vlm.gguf tiny-vlm-mmproj.gguf tiny-vlm-sample.png stories260K.gguf)
+        foreach (f tiny-vlm.gguf tiny-vlm-mmproj.gguf tiny-vlm-sample.png stories260K.gguf tiny-qwen2vl.gguf
+                   tiny-qwen2vl-mmproj.gguf tiny-qwen2vl-sample/items.jsonl tiny-qwen2vl-sample/images/qa-240014.png)
             if (NOT EXISTS "${models}/${f}")
                 message(FATAL_ERROR "not installed: ${models}/${f}")
             endif()
@@ -99,11 +100,11 @@ if (MODE STREQUAL "installed")
         endif()
         message("   prompt_tokens ${prompt_tokens}, image_tokens ${image_tokens}")
         # Which models did it read? Without the projector in the moved prefix, the error names the file it wanted.
-        file(REMOVE "${models}/tiny-vlm-mmproj.gguf")
+        file(REMOVE "${models}/tiny-qwen2vl-mmproj.gguf")
         execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=ECOKV_MODELS_DIR --unset=LD_LIBRARY_PATH
                                 "${moved}/bin/ecokv" run --json -n 2
                         RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-        string(FIND "${err}" "${models}/tiny-vlm-mmproj.gguf" at)
+        string(FIND "${err}" "${models}/tiny-qwen2vl-mmproj.gguf" at)
         if (rc EQUAL 0 OR at EQUAL -1)
             message(FATAL_ERROR "ecokv run from ${moved} did not use ${models} (exit ${rc}):\n${out}\n${err}")
         endif()

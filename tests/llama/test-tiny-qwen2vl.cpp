@@ -113,4 +113,62 @@ TEST(tiny_qwen2vl, compressed_cache_holds_the_budget) {
     EXPECT_EQ(j["answers"][0]["full_text"], item["answers"][0]) << "the full cache's answer, from the generator";
 }
 
+json main_job(const temp_dir & dir, std::vector<std::string> args) {
+    args.insert(args.begin(), { "run", "--json", "-t", "2", "-n", "8" });
+    const run_result r = run_cli(dir.path().string(), args);
+    EXPECT_EQ(r.code, 0) << describe(r);
+    return r.code == 0 ? json::parse(r.out) : json::object();
+}
+
+// `ecokv run` with no options is the README's main job: tiny-qwen2vl asked the four questions of its sample receipt
+// (held-out seed 240014; the fields as the generator drew them: BEEF 43.19, FIG 16.09, TAX 4.74, TOTAL 64.02) by the
+// full cache, SnapKV and SnapKV + ECOKV at 100 entries per KV head, and the full cache of the page resized to the
+// same entries. The page is 192x168 pixels: 24 x 21 cells of 8x8, 504 image tokens.
+TEST(tiny_qwen2vl, run_without_options_is_the_main_job) {
+    temp_dir   dir;
+    const json j = main_job(dir, {});
+    ASSERT_TRUE(j.contains("columns")) << j.dump();
+    EXPECT_EQ(j["image_tokens"].get<int>(), 24 * 21);
+    EXPECT_EQ(j["prompt_tokens"].get<int>(), 24 * 21 + k_text_tokens);
+    const std::vector<std::pair<std::string, std::string>> page = {
+        { "What is the BEEF?", "43.19" }, { "What is the FIG?", "16.09" }, { "What is the TAX?", "4.74" },
+        { "What is the TOTAL?", "64.02" } };
+    const json & cols = j["columns"];
+    ASSERT_EQ(cols.size(), 4u);
+    const std::vector<std::string> labels = { "full cache", "snapkv", "snapkv+ecokv", "smaller image" };
+    for (size_t c = 0; c < cols.size(); ++c) {
+        EXPECT_EQ(cols[c]["label"], labels[c]);
+        ASSERT_EQ(cols[c]["answers"].size(), page.size());
+        int n_correct = 0;
+        for (size_t q = 0; q < page.size(); ++q) {
+            const json & a = cols[c]["answers"][q];
+            EXPECT_EQ(a["question"], page[q].first);
+            EXPECT_EQ(a["truth"], page[q].second);
+            EXPECT_EQ(a["correct"].get<bool>(), a["text"] == page[q].second) << "exact match, as the dataset scores";
+            n_correct += a["text"] == page[q].second ? 1 : 0;
+        }
+        EXPECT_EQ(cols[c]["correct"].get<int>(), n_correct);
+    }
+    for (size_t q = 0; q < page.size(); ++q) {
+        EXPECT_EQ(cols[0]["answers"][q]["text"], page[q].second) << "the full cache reads the page";
+    }
+    EXPECT_EQ(cols[0]["kv_bytes_kept"].get<uint64_t>(), uint64_t(24 * 21 + k_text_tokens) * k_cell_bytes);
+    for (size_t c : { 1, 2 }) {
+        EXPECT_EQ(cols[c]["budget"].get<int>(), 100);
+        EXPECT_EQ(cols[c]["kv_bytes_kept"].get<uint64_t>(), 100u * k_cell_bytes) << "uniform: 100 entries per head";
+    }
+    // The smaller image: the page's 5 text cells stay, the image gets at most the other 95 entries.
+    EXPECT_EQ(cols[3]["image_max_tokens"].get<int>(), 100 - k_text_tokens);
+    const int n_small = cols[3]["image_tokens"].get<int>();
+    EXPECT_LE(n_small, 100 - k_text_tokens);
+    EXPECT_EQ(cols[3]["kv_bytes_kept"].get<uint64_t>(), uint64_t(n_small + k_text_tokens) * k_cell_bytes);
+
+    // A method and budget given: that method alone beside the full cache and the smaller image at its budget.
+    const json m = main_job(dir, { "-m", "snapkv", "-b", "60" });
+    ASSERT_EQ(m["columns"].size(), 3u);
+    EXPECT_EQ(m["columns"][1]["budget"].get<int>(), 60);
+    EXPECT_EQ(m["columns"][1]["kv_bytes_kept"].get<uint64_t>(), 60u * k_cell_bytes);
+    EXPECT_EQ(m["columns"][2]["image_max_tokens"].get<int>(), 60 - k_text_tokens);
+}
+
 }  // namespace

@@ -31,7 +31,7 @@ std::vector<std::string> strings(const cxxopts::ParseResult & args, const char *
 void add_prompt_options(cxxopts::Options & options, const std::string & question_help) {
     // clang-format off
     options.add_options()
-        ("model", "GGUF model (default: the bundled tiny VLM, tiny-vlm.gguf, with its mmproj)", cxxopts::value<std::string>())
+        ("model", "GGUF model (default: the bundled tiny-vlm.gguf with its mmproj; with no prompt either, the main job on tiny-qwen2vl)", cxxopts::value<std::string>())
         ("mmproj", "multimodal projector GGUF (libmtmd)", cxxopts::value<std::string>())
         ("image", "image file for the prompt (repeatable; placed where the prompt has <__media__>, else first)",
             cxxopts::value<std::vector<std::string>>())
@@ -50,10 +50,14 @@ prompt_options prompt_options_from(const cxxopts::ParseResult & args) {
     const size_t      n_text  = args.count("prompt") + args.count("file");
     o.images                  = strings(args, "image");
     o.questions               = strings(args, "question");
-    if (bundled && n_text + o.images.size() + o.questions.size() == 0) {
-        o.main_job  = true;
-        o.images    = { models + "/tiny-vlm-sample.png" };
-        o.questions = { "What is the TOTAL?" };
+    const bool main_job = bundled && n_text + o.images.size() + o.questions.size() == 0 && !args.count("mmproj");
+    if (main_job) {  // the sample is a dataset of the page's questions (vlm/gen_pages.py --all-questions)
+        o.main_job = true;
+        o.sample   = load_dataset("generated", bundled_file("tiny-qwen2vl-sample"));
+        o.images   = o.sample.at(0).images;
+        for (const eval_item & it : o.sample) {
+            o.questions.push_back(it.question);
+        }
     } else if (n_text > 1 || (n_text == 0 && o.images.empty())) {
         throw error("give the prompt with exactly one of -p/--prompt and -f/--file (or only --image)");
     }
@@ -65,9 +69,10 @@ prompt_options prompt_options_from(const cxxopts::ParseResult & args) {
     llama::set_verbose(args.count("verbose") > 0);
 
     o.session            = engine_options_from(args);
-    o.session.model_path = bundled ? bundled_file("tiny-vlm.gguf") : args["model"].as<std::string>();
+    const std::string bundled_model = main_job ? "tiny-qwen2vl" : "tiny-vlm";
+    o.session.model_path = bundled ? bundled_file(bundled_model + ".gguf") : args["model"].as<std::string>();
     const std::string mmproj = args.count("mmproj") ? args["mmproj"].as<std::string>()
-                               : bundled            ? models + "/tiny-vlm-mmproj.gguf"
+                               : bundled            ? models + "/" + bundled_model + "-mmproj.gguf"
                                                     : "";
     if (o.images.empty() ? args.count("mmproj") > 0 : mmproj.empty()) {
         throw error("--image needs --mmproj and --mmproj needs at least one --image");

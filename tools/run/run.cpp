@@ -1,8 +1,9 @@
 // ecokv run: prefill a prompt in llama.cpp, compress the KV cache with any method, decode from the smaller
 // cache, and report memory, time and (with --compare-full) agreement with the full cache. Without options it runs
-// the README's main job on the bundled tiny VLM.
+// the README's main job (run/main-job.h).
 #include "common/engine-flags.h"
 #include "common/prompt-options.h"
+#include "run/main-job.h"
 #include "ecokv/capture.h"
 #include "ecokv/error.h"
 #include "ecokv/llama-session.h"
@@ -24,13 +25,17 @@ struct run_options {
     int32_t                      n_predict    = 32;
     bool                         compare_full = false;
     bool                         json         = false;
+    bool                         budget_given = false;  // the main job compresses to 100 entries unless told
+    bool                         method_given = false;  // and compares SnapKV and SnapKV + ECOKV unless told
     std::string                  dump_capture;
 };
 
 // Fills o from the options; returns false after printing --help.
 bool parse(int argc, char ** argv, run_options & o) {
     cxxopts::Options options("ecokv run", "Prefill, compress the KV cache, decode from the compressed cache. Without "
-                                          "options: the README's main job on the bundled tiny VLM.");
+                                          "options: the README's main job, the bundled tiny-qwen2vl asked its sample "
+                                          "page's questions with the full cache, SnapKV, SnapKV + ECOKV (budget 100) and "
+                                          "a smaller image.");
     ecokv::tools::add_prompt_options(
         options, "question-agnostic mode: compress after the prompt, then answer each question (repeatable)");
     // clang-format off
@@ -54,7 +59,9 @@ bool parse(int argc, char ** argv, run_options & o) {
     if (o.n_predict < 1 || o.n_predict > 1000000) {
         throw error("-n " + std::to_string(o.n_predict) + " must lie in [1, 1000000]");
     }
-    o.compare_full = o.prompt.main_job || args.count("compare-full") > 0;
+    o.compare_full = args.count("compare-full") > 0;
+    o.budget_given = args.count("budget") > 0;
+    o.method_given = args.count("method") > 0;
     o.json         = args.count("json") > 0;
     o.dump_capture = args.count("dump-capture") ? args["dump-capture"].as<std::string>() : "";
     if (o.c.chunk > 0 && !o.dump_capture.empty()) {
@@ -177,6 +184,23 @@ json run(const run_options & o) {
     return out;
 }
 
+// The main job's caches: the methods asked for (SnapKV and SnapKV + ECOKV) at the budget (100: a fifth of the page).
+json run_main_job(run_options & o) {
+    if (!o.budget_given) {
+        o.c.params.budget = 100;
+        o.c.validate();
+    }
+    std::vector<ecokv::tools::main_job_cache> caches;
+    if (o.method_given) {
+        caches.push_back({ o.c.name(), o.c });
+    } else {
+        for (const char * m : { "snapkv", "snapkv+ecokv" }) {
+            caches.push_back({ m, ecokv::compression_named(m, o.c) });
+        }
+    }
+    return ecokv::tools::main_job(o.prompt, caches, o.n_predict);
+}
+
 void print_text(const json & out) {
     for (const auto & a : out["answers"]) {
         if (a.contains("question")) {
@@ -225,9 +249,11 @@ int ecokv_run(int argc, char ** argv) {
         if (!parse(argc, argv, o)) {
             return 0;
         }
-        const json out = run(o);
+        const json out = o.prompt.main_job ? run_main_job(o) : run(o);
         if (o.json) {
             std::printf("%s\n", out.dump().c_str());
+        } else if (o.prompt.main_job) {
+            ecokv::tools::print_main_job(out);
         } else {
             print_text(out);
         }

@@ -30,6 +30,7 @@ struct eval_prefill {
     int32_t  image_tokens  = 0;
     uint64_t kv_bytes_full = 0;  // KV bytes the full cache allocates
     double   prefill_s     = 0;
+    uint64_t kv_bytes_per_cell = 0;  // K + V of one token in every KV head and layer
 };
 
 // One answer to the current item: the full cache's or a compressed cache's.
@@ -41,6 +42,7 @@ struct eval_answer {
     std::optional<double> agreement;         // vs the full cache, teacher-forced; compressed answers with >= 1 step
     std::optional<double> mean_kl;
     std::vector<double>   attn_rel_error;    // per layer; empty when not measured
+    uint64_t              kv_bytes_kept = 0; // of kv_bytes, the prompt's entries held (not the room for new tokens)
 };
 
 // What the runner needs of an engine: one item at a time, one prefill per item, any number of compressions of it.
