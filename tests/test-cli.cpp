@@ -783,6 +783,28 @@ TEST(cli, report_places_the_smaller_image_in_its_budget_column) {
     EXPECT_TRUE(contains(r.out, "| FullKV, smaller image | - | 25.0 ±25.0 (+0.0 ±0.0) |")) << r.out;
 }
 
+// A run of the full cache alone (eval --methods full, whatever its --budgets) is a table of one score column.
+TEST(cli, report_of_the_full_cache_alone_has_its_score) {
+    temp_dir          dir;
+    const std::string run = dir / "full";
+    fs::create_directories(run);
+    write_file(run + "/config.json", json{ { "dataset", "generated" }, { "metric", "exact" } }.dump());
+    std::string lines;
+    for (int i = 0; i < 4; ++i) {  // three of four right
+        lines += json{ { "id", "q" + std::to_string(i) }, { "method", "full" }, { "budget", 0 },
+                       { "prediction", i < 3 ? "a" + std::to_string(i) : "x" },
+                       { "answers", { "a" + std::to_string(i) } } }.dump() + "\n";
+    }
+    write_file(run + "/results.jsonl", lines);
+    const run_result r = run_cli(dir.path().string(), { "report", run });
+    ASSERT_EQ(r.code, 0) << describe(r);
+    EXPECT_TRUE(contains(r.out, "| method | score |\n|---|---:|\n| FullKV | 75.0 ±25.0 |")) << r.out;
+    const json table = json::parse(read_file(run + "/report.json"))["generated"];
+    ASSERT_EQ(table["scores"].size(), 1u) << table.dump();
+    EXPECT_EQ(table["scores"][0]["score"].get<double>(), 75.0);
+    EXPECT_TRUE(contains(read_file(run + "/report.csv"), "generated,exact,FullKV,0,75,4,"));
+}
+
 // Without uniform+mixkv in the results the default baseline gives no deltas; a baseline named on the command line
 // must be in the results, and must be a method.
 TEST(cli, report_baseline_absent_or_unknown) {

@@ -214,7 +214,7 @@ mean_se paired(const std::map<std::string, double> & a, const std::map<std::stri
 void table_header(std::ostringstream & md, const std::vector<int32_t> & budgets) {
     md << "| method |";
     for (int32_t b : budgets) {
-        md << " " << b << " |";
+        md << " " << (b > 0 ? std::to_string(b) : "score") << " |";
     }
     md << "\n|---|";
     for (size_t i = 0; i < budgets.size(); ++i) {
@@ -271,6 +271,9 @@ std::vector<int32_t> budgets_of(const dataset_results & res) {
         }
     }
     std::sort(budgets.rbegin(), budgets.rend());
+    if (budgets.empty()) {
+        budgets.push_back(0);  // a run of FullKV alone: one column, its score
+    }
     return budgets;
 }
 

@@ -78,7 +78,8 @@ json main_job(const prompt_options & po, const std::vector<main_job_cache> & cac
                  { "image", po.sample[0].images[0] }, { "prompt_tokens", pf.prompt_tokens },
                  { "image_tokens", pf.image_tokens }, { "metric", metric.name }, { "questions", po.sample.size() } };
     cols[0].j = { { "label", "full cache" }, { "method", "full" } };
-    json columns = { finish(cols[0], pf.kv_bytes_per_cell) };
+    // Not `json columns = { x }`: a one-element braced list of a json object is that object, not an array of it.
+    json columns = json::array({ finish(cols[0], pf.kv_bytes_per_cell) });
     for (size_t k = 0; k < caches.size(); ++k) {
         cols[k + 1].j = { { "label", caches[k].label }, { "method", caches[k].how.name() },
                           { "budget", caches[k].how.params.budget } };
