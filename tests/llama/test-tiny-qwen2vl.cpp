@@ -169,6 +169,41 @@ TEST(tiny_qwen2vl, run_without_options_is_the_main_job) {
     EXPECT_EQ(m["columns"][1]["budget"].get<int>(), 60);
     EXPECT_EQ(m["columns"][1]["kv_bytes_kept"].get<uint64_t>(), 60u * k_cell_bytes);
     EXPECT_EQ(m["columns"][2]["image_max_tokens"].get<int>(), 60 - k_text_tokens);
+
+    // --method full: the full cache beside the smaller image at the budget, nothing compressed.
+    const json f = main_job(dir, { "-m", "full", "-b", "80" });
+    ASSERT_EQ(f["columns"].size(), 2u) << f.dump();
+    EXPECT_EQ(f["columns"][0]["label"], "full cache");
+    EXPECT_EQ(f["columns"][1]["image_max_tokens"].get<int>(), 80 - k_text_tokens);
+}
+
+// --method full answers from the prefill's own cache: the smaller-image baseline of the model card, run on its own.
+TEST(tiny_qwen2vl, method_full_keeps_the_whole_cache) {
+    temp_dir          dir;
+    const json        item  = held_out_items().at(3);
+    const std::string image = k_items + "/" + item["image"][0].get<std::string>();
+    const json        j     = run_json(dir, { "--image", image, "--question", item["question"], "-m", "full", "-n", "12" });
+    ASSERT_TRUE(j.contains("answers")) << j.dump();
+    EXPECT_EQ(j["method"], "full");
+    EXPECT_TRUE(j["budget"].is_null());
+    const auto [width, height] = png_size(image);
+    const uint64_t prompt_bytes = uint64_t((width / 8) * (height / 8) + k_text_tokens) * k_cell_bytes;
+    EXPECT_EQ(j["kv_bytes_prompt"].get<uint64_t>(), prompt_bytes);
+    EXPECT_EQ(j["kv_bytes_kept"].get<uint64_t>(), prompt_bytes);
+    EXPECT_EQ(j["answers"][0]["text"], item["answers"][0]) << "the full cache's answer, from the generator";
+
+    for (const char * flag : { "--compare-full", "--dump-capture" }) {
+        std::vector<std::string> args = { "run", "--model", k_model, "--mmproj", k_mmproj, "--image", image,
+                                          "--question", "Q", "-m", "full", flag };
+        if (std::string(flag) == "--dump-capture") {
+            args.push_back(dir / "c.bin");
+        }
+        const run_result r = run_cli(dir.path().string(), args);
+        EXPECT_EQ(r.code, 1) << describe(r);
+        EXPECT_TRUE(contains(r.err, std::string("ecokv run: error: ") + flag +
+                                        " needs a compression; --method full keeps the whole cache"))
+            << describe(r);
+    }
 }
 
 }  // namespace

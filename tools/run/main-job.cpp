@@ -57,7 +57,7 @@ json finish(column & c, uint64_t bytes_per_cell) {
 
 }  // namespace
 
-json main_job(const prompt_options & po, const std::vector<main_job_cache> & caches, int32_t n_predict) {
+json main_job(const prompt_options & po, const std::vector<main_job_cache> & caches, int32_t budget, int32_t n_predict) {
     const metric_info & metric = find_metric(find_dataset("generated").metric);
     method_requirements needs;
     for (const main_job_cache & m : caches) {
@@ -87,7 +87,6 @@ json main_job(const prompt_options & po, const std::vector<main_job_cache> & cac
     }
 
     // The smaller image at equal KV entries: the page's text cells stay, its image gets the rest of the budget.
-    const int32_t budget   = caches.empty() ? pf.prompt_tokens : caches[0].how.params.budget;
     const int32_t n_text   = pf.prompt_tokens - pf.image_tokens;
     el::session_options so = po.session;
     so.image_max_tokens    = std::max(1, budget - n_text);

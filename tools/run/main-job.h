@@ -18,9 +18,10 @@ struct main_job_cache {
     compression how;
 };
 
-// Runs the comparison on po.sample (prompt_options::main_job), the smaller image sized to the first cache's budget;
+// Runs the comparison on po.sample (prompt_options::main_job), the smaller image sized to `budget` KV entries per head;
 // one JSON object: the page, then per column its answers, their scores and its KV entries.
-nlohmann::json main_job(const prompt_options & po, const std::vector<main_job_cache> & caches, int32_t n_predict);
+nlohmann::json main_job(const prompt_options & po, const std::vector<main_job_cache> & caches, int32_t budget,
+                        int32_t n_predict);
 
 // The comparison as a table a newcomer reads at a glance.
 void print_main_job(const nlohmann::json & out);

@@ -53,7 +53,12 @@ bool parse(int argc, char ** argv, run_options & o) {
     }
     const cxxopts::ParseResult & args = *parsed;
     o.prompt = ecokv::tools::prompt_options_from(args);
-    o.c      = ecokv::tools::compression_from(args);
+    // --method full: the whole cache, as the smaller image's baseline (--image-max-tokens) is run.
+    const bool full_cache = args.count("method") && ecokv::is_full_cache(args["method"].as<std::string>());
+    o.c = full_cache ? ecokv::compression::none() : ecokv::tools::compression_from(args);
+    if (full_cache && args.count("budget")) {
+        ecokv::set_option(o.c, "budget", args["budget"].as<std::string>());  // the main job's smaller image's size
+    }
     o.c.validate();
     o.n_predict = args["n-predict"].as<int32_t>();
     if (o.n_predict < 1 || o.n_predict > 1000000) {
@@ -66,6 +71,11 @@ bool parse(int argc, char ** argv, run_options & o) {
     o.dump_capture = args.count("dump-capture") ? args["dump-capture"].as<std::string>() : "";
     if (o.c.chunk > 0 && !o.dump_capture.empty()) {
         throw error("--dump-capture writes the capture of a one-shot prefill; a chunked prefill (--chunk) has none");
+    }
+    for (const char * flag : { "compare-full", "chunk", "dump-capture" }) {
+        if (full_cache && args.count(flag)) {
+            throw error(std::string("--") + flag + " needs a compression; --method full keeps the whole cache");
+        }
     }
     return true;
 }
@@ -113,7 +123,8 @@ json run(const run_options & o) {
 
     const el::prompt            p = s.make_prompt(parts.context, o.prompt.images);
     std::optional<el::sequence> full, compressed;
-    json                        out = { { "model", s.description() }, { "budget", o.c.params.budget },
+    json                        out = { { "model", s.description() },
+                                        { "budget", o.c.enabled ? json(o.c.params.budget) : json(nullptr) },
                                         { "room_tokens", n_extra },   { "chunk", o.c.chunk } };
     if (o.c.chunk > 0) {  // the full cache is never made, unless --compare-full asks for it as the reference
         compressed.emplace(s.prefill_chunked(p, o.c.chunk, o.c.spec, o.c.params, n_extra));
@@ -124,7 +135,10 @@ json run(const run_options & o) {
     } else {
         // The full cache lives on only when --compare-full needs it; otherwise it is compressed in place, freed as the
         // kept entries are written.
-        ecokv::method_requirements needs = ecokv::requirements(o.c.spec, o.c.params);
+        ecokv::method_requirements needs;
+        if (o.c.enabled) {
+            needs = ecokv::requirements(o.c.spec, o.c.params);
+        }
         needs.values |= !o.dump_capture.empty();  // a capture file holds them
         full.emplace(s.prefill(p, n_extra, needs));
         if (!o.dump_capture.empty()) {
@@ -132,7 +146,10 @@ json run(const run_options & o) {
         }
         out["kv_bytes_full"] = full->kv_bytes_allocated();
         out["prefill_s"]     = full->prefill_seconds();
-        if (o.compare_full) {
+        if (!o.c.enabled) {  // --method full: answered from the prefill's own cache
+            compressed.emplace(std::move(*full));
+            full.reset();
+        } else if (o.compare_full) {
             compressed.emplace(full->compress(o.c.spec, o.c.params, n_extra));
             full->release_capture();
         } else {
@@ -146,7 +163,7 @@ json run(const run_options & o) {
     out["kv_bytes_prompt"] = uint64_t(p.n_cells()) * compressed->kv_bytes_per_cell();
     el::sequence & comp        = *compressed;
     const auto &   ci          = comp.compression();
-    out["method"]              = ci.sel.method;
+    out["method"]              = o.c.enabled ? ci.sel.method : o.c.name();
     out["window"]              = ci.sel.window;
     out["kv_bytes_compressed"] = comp.kv_bytes_allocated();
     out["kv_bytes_kept"]       = comp.kv_bytes_kept();
@@ -191,14 +208,15 @@ json run_main_job(run_options & o) {
         o.c.validate();
     }
     std::vector<ecokv::tools::main_job_cache> caches;
-    if (o.method_given) {
+    if (!o.c.enabled) {  // --method full: the full cache and the smaller image at the budget
+    } else if (o.method_given) {
         caches.push_back({ o.c.name(), o.c });
     } else {
         for (const char * m : { "snapkv", "snapkv+ecokv" }) {
             caches.push_back({ m, ecokv::compression_named(m, o.c) });
         }
     }
-    return ecokv::tools::main_job(o.prompt, caches, o.n_predict);
+    return ecokv::tools::main_job(o.prompt, caches, o.c.params.budget, o.n_predict);
 }
 
 void print_text(const json & out) {
@@ -214,8 +232,12 @@ void print_text(const json & out) {
     const double   mib       = 1048576.0;
     const int32_t  n_prompt  = out["prompt_tokens"], n_media = out["image_tokens"];
     const uint64_t kv_prompt = out["kv_bytes_prompt"], kv_kept = out["kv_bytes_kept"];
-    std::printf("\nmethod    %s (budget %d, window %d)\n", out["method"].get<std::string>().c_str(),
-                out["budget"].get<int>(), out["window"].get<int>());
+    if (out["budget"].is_null()) {
+        std::printf("\nmethod    full (no compression)\n");
+    } else {
+        std::printf("\nmethod    %s (budget %d, window %d)\n", out["method"].get<std::string>().c_str(),
+                    out["budget"].get<int>(), out["window"].get<int>());
+    }
     std::printf("prompt    %d tokens (text %d, image %d)\n", n_prompt, n_prompt - n_media, n_media);
     // Entries are what a method keeps; allocated is the cache itself: a full context rounds up to 256 cells, the
     // compressed cache holds the kept entries plus room for the question and the answer.
