@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what ecokv needs on Debian 12 (apt-get), fetches the pinned llama.cpp 0.5.0 (npm package
-# node-llama-cpp@3.22.1, see scripts/fetch-llama.sh), builds everything, and runs the main job on the bundled
-# default: the tiny VLM (models/tiny-vlm.md) prefills a receipt image, SnapKV + ECOKV compresses its KV cache to
-# 64 entries per head, then the question is asked and answered from the smaller cache and compared with the
-# full cache.
+# node-llama-cpp@3.22.1, see scripts/fetch-llama.sh), builds everything, and runs the main job (`ecokv run` with no
+# options) on the bundled default: tiny-qwen2vl (models/tiny-qwen2vl.md) prefills a receipt, its KV cache is
+# compressed to 100 entries per head before any question is known, then the page's questions are answered by the
+# full cache, SnapKV, SnapKV + ECOKV and the full cache of the page resized to as many entries.
 #   scripts/setup.sh [--no-demo] [--training] [--backend cpu|vulkan|cuda]
 # --backend builds llama.cpp's ggml with that GPU backend besides the CPU (docs/gpu.md), into build/ for cpu (the
 # default) and build-<backend>/ otherwise: vulkan installs Debian's Vulkan loader, headers and glslc (and Mesa's
@@ -65,7 +65,6 @@ cmake --build "$build_dir" -j"$(nproc)" ${targets[@]+--target "${targets[@]}"}
 
 [[ " $* " == *" --no-demo "* ]] && exit 0
 
-echo "== main job: the bundled tiny VLM reads a receipt; its KV cache is compressed to 64 entries per head with"
-echo "   snapkv+ecokv before the question is asked"
-"$build_dir"/bin/ecokv run --image models/tiny-vlm-sample.png --question "What is the TOTAL?" --method snapkv+ecokv \
-    --budget 64 --compare-full
+echo "== main job: tiny-qwen2vl reads a receipt; its KV cache is compressed to 100 entries per head before the"
+echo "   questions are asked"
+"$build_dir"/bin/ecokv run
