@@ -4,6 +4,7 @@
 // (autocannon reported latencies that its own request counts contradict with these chunked responses: 12 requests/s
 // on one connection with a 460 ms mean, so the loop below measures them itself.)
 //   node bench/bench-serve.mjs URL IMAGE [SECONDS]      (bench/bench-serve.sh starts the server and runs this)
+//   ROUNDS=N: every point N times; QUESTION: the question asked (default: What is the TOTAL?)
 import fs from 'node:fs';
 const [url, imagePath, seconds = '10'] = process.argv.slice(2);
 const image = `data:image/png;base64,${fs.readFileSync(imagePath).toString('base64')}`;
@@ -36,16 +37,23 @@ async function load(payload, clients) {
   return { rps: latencies.length / wall, p50: q(0.5), p99: q(0.99), n: latencies.length, failed };
 }
 
+// Compressed and full side by side at each client count, ROUNDS times (the machine is shared: ratios of neighbours).
+const question = process.env.QUESTION || 'What is the TOTAL?';
 const rows = [];
-for (const kv of [undefined, false]) {
+for (let round = 1; round <= Number(process.env.ROUNDS || 1); ++round) {
   for (const clients of [1, 4, 8]) {
-    rows.push({ cache: kv === false ? 'full' : 'compressed (default)', clients, ...(await load(body('What is the TOTAL?', kv), clients)) });
+    for (const kv of [undefined, false]) {
+      rows.push({ round, cache: kv === false ? 'full' : 'compressed (default)', clients,
+                  ...(await load(body(question, kv), clients)) });
+    }
   }
 }
-console.log('| cache | clients | requests | requests/s | p50 ms | p99 ms | failed |');
-console.log('|---|---:|---:|---:|---:|---:|---:|');
-for (const r of rows) {
-  console.log(`| ${r.cache} | ${r.clients} | ${r.n} | ${r.rps.toFixed(1)} | ${r.p50.toFixed(0)} | ${r.p99.toFixed(0)} | ${r.failed} |`);
+console.log('| round | cache | clients | requests | requests/s | p50 ms | p99 ms | failed | compressed / full |');
+console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|');
+for (const [i, r] of rows.entries()) {
+  const ratio = r.cache === 'full' ? (rows[i - 1].rps / r.rps).toFixed(3) : '';
+  console.log(`| ${r.round} | ${r.cache} | ${r.clients} | ${r.n} | ${r.rps.toFixed(1)} | ${r.p50.toFixed(0)} | ` +
+              `${r.p99.toFixed(0)} | ${r.failed} | ${ratio} |`);
 }
 
 // Memory per kept conversation: 16 conversations each way (distinct questions, so none continues another).
@@ -54,7 +62,7 @@ for (const kv of [undefined, false]) {
   const before = await metrics();
   for (let i = 0; i < 16; ++i) {
     await fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
-      body: body(`What is the TOTAL? (${kv === false ? 'full' : 'compressed'} ${i})`, kv) });
+      body: body(`${question} (${kv === false ? 'full' : 'compressed'} ${i})`, kv) });
   }
   const after = await metrics();
   const n = after.ecokv_kv_cache_conversations - before.ecokv_kv_cache_conversations;
