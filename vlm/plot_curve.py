@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Plot a training run's learning curve (RUN/log.csv from vlm/train.py) to a PNG.
+"""Plot a training run's learning curve (RUN/log.csv from vlm/train.py or train_qwen2vl.py) to a PNG; a
+log with an eval_exact_resized column (train_qwen2vl.py --watch-resize) gets that curve too.
 
   python3 vlm/plot_curve.py vlm/runs/main/log.csv models/tiny-vlm-curve.png
 """
@@ -29,6 +30,8 @@ def main():
     ax.set_ylabel("loss")
     ax2 = ax.twinx()
     ax2.plot(step, [100 * float(r["eval_exact"]) for r in rows], "k^-", label="held-out exact match (%)")
+    if rows[0].get("eval_exact_resized"):  # train_qwen2vl.py --watch-resize: the watch set resized by mtmd
+        ax2.plot(step, [100 * float(r["eval_exact_resized"]) for r in rows], "kv--", label="resized pages (%)")
     ax2.set_ylabel("exact match (%)")
     ax2.set_ylim(0, 100)
     lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]

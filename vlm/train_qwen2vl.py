@@ -32,6 +32,20 @@ the right answers (0.62 at step 2,215).
 Curriculum: pages grow from 1-2 fields to 4-7 by step 1000; dense supervision (transcription, read a line) gives
 way to field questions by step 3000; from step 500 a fifth of the single pages are downscaled (0.5-0.9, so the
 model reads smaller images too); multi-page needle items (6%) join at step 2000.
+
+Fine-tune for smaller images (issue 33; docs/investigations/tiny-qwen2vl-smaller-images.md): qwen2's downscaled
+pages had no cells, so they got none of the reading losses and the model never learned to read them. With
+--resize P a share P of the single pages is resized exactly as mtmd does for --image-max-tokens N
+(gen_pages.mtmd_resize), N = U(--resize-tokens) x the page's native image tokens, and keeps glyph, row and pointer
+targets (gen_pages.token_targets: the token holding each character's scaled ink centre); the old downscaled pages
+are then left out. --init CKPT starts a new run from another's weights with a fresh optimiser; --schedule-from S
+runs the curriculum, blinding, pointer anneal and row weight as at step S + step (the original run's last stage);
+--watch-resize F adds a column eval_exact_resized: the watch set resized by mtmd to F x native tokens.
+
+  git show 0e8525b:vlm/runs/qwen2/ckpt.pt > vlm/runs/qwen2/ckpt-7007.pt    # once: qwen2's step-7007 weights
+  python3 vlm/train_qwen2vl.py --run vlm/runs/qwen2-small --init vlm/runs/qwen2/ckpt-7007.pt --schedule-from 7007 \
+      --seed 2 --steps 2000 --lr 4e-4 --warmup 100 --resize 0.55 --resize-tokens 0.25,1 --watch-resize 0.5 \
+      --eval-every 200 --workers 2        # rerun the same command to resume (RUN/ckpt.pt wins over --init)
 """
 
 import os
@@ -58,11 +72,13 @@ def grid_shape(img):
     return img.shape[0] // gen_pages.CELL, img.shape[1] // gen_pages.CELL
 
 
-def train_items(base_seed, step, batch, blind=0.0, groups=()):
+def train_items(base_seed, step, batch, blind=0.0, groups=(), resize=None):
     """The step's items. With probability `blind` an item gets a "blind" (layer, KV group) from `groups`, whose
     query heads will not see the item's answer cells; drawn from a stream of its own, so the items themselves do
-    not depend on blinding."""
-    items = trainer.train_items(base_seed, step, batch, gen_pages.item, multi_from=2000, p_multi=0.06, scale_from=500)
+    not depend on blinding. resize=(p, lo, hi): a share p of the single pages resized by mtmd to U(lo, hi) of their
+    native tokens (trainer.curriculum), instead of qwen2's downscaled pages."""
+    items = trainer.train_items(base_seed, step, batch, gen_pages.item, multi_from=2000, p_multi=0.06,
+                                scale_from=None if resize else 500, resize=resize)
     blind_rng = random.Random(f"blind {base_seed} {step}")
     for it in items:
         it["blind"] = blind_rng.choice(groups) if groups and blind_rng.random() < blind else None
@@ -71,7 +87,8 @@ def train_items(base_seed, step, batch, blind=0.0, groups=()):
 
 def make_batch(items, max_questions):
     """tokens, positions, targets, image slots, cell targets (per image: glyph and row targets, None when
-    downscaled) and pointers (batch row, predicting position, target position)."""
+    downscaled; from token_chars and token_lines when resized by mtmd) and pointers (batch row, predicting position,
+    target position: the image token of the answer character, in the image's own token grid)."""
     seqs, poss, labels, slots, cell_targets, pointers = [], [], [], [], [], []
     for row, it in enumerate(items):
         shapes = [grid_shape(img) for img in it["images"]]
@@ -94,8 +111,13 @@ def make_batch(items, max_questions):
         labels.append(lab)
         slots += [(row, s) for s in starts]
         scaled = it["cells"] is None and it["type"] != "multi-needle"
-        cell_targets += [None if scaled else (torch.tensor([encode(ch)[0] for line in g for ch in line]), row_targets(g))
-                         for g in it["grids"]]
+        if "token_chars" in it:  # resized by mtmd: the targets of the resized token grid (None: ignored)
+            cell_targets += [(torch.tensor([-100 if ch is None else encode(ch)[0] for line in chars for ch in line]),
+                              row_targets(g, lines, len(chars[0])))
+                             for g, chars, lines in zip(it["grids"], it["token_chars"], it["token_lines"])]
+        else:
+            cell_targets += [None if scaled else (torch.tensor([encode(ch)[0] for line in g for ch in line]),
+                                                  row_targets(g)) for g in it["grids"]]
     tokens, target = trainer.padded_batch(seqs, labels)
     return tokens, padded_positions(poss, tokens.shape[1]), target, slots, cell_targets, \
         torch.tensor(pointers, dtype=torch.long).view(-1, 3)
@@ -105,15 +127,17 @@ def padded_positions(poss, t):
     return torch.tensor([p + [p[-1]] * (t - len(p)) for p in poss])
 
 
-def row_targets(grid):
+def row_targets(grid, lines=None, cols=None):
     """(cells, ROW_PROBE_CHARS) row-probe targets: the first characters of each cell's text line (spaces past its
-    end); -100 (ignored) in rows without text."""
+    end); -100 (ignored) in rows without text. For a resized page, lines gives each token row's grid row (None:
+    ignored) and cols the tokens per row (gen_pages.token_targets)."""
+    rows = grid if lines is None else ["" if r is None else grid[r] for r in lines]
     out = []
-    for line in grid:
+    for line in rows:
         text = line.strip()
         first = [encode(ch)[0] for ch in (text + " " * ROW_PROBE_CHARS)[:ROW_PROBE_CHARS]] if text else \
             [-100] * ROW_PROBE_CHARS
-        out += [first] * len(line)
+        out += [first] * (len(line) if cols is None else cols)
     return torch.tensor(out)
 
 
@@ -241,13 +265,19 @@ def train(rank, args):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
     held_out = [gen_pages.item(trainer.EVAL_SEED + i, "qa") for i in range(args.eval_items)]
+    held_out_small = [gen_pages.item(trainer.EVAL_SEED + i, "qa", token_share=args.watch_resize)
+                      for i in range(args.eval_items)] if args.watch_resize else []
+    if args.init and not os.path.exists(os.path.join(args.run, "ckpt.pt")):
+        trainer.init_from(args.init, model, ("row_probe.",))
     pointer_layers = [int(x) for x in args.pointer_layers.split(",") if x]
     blind_groups = [(il, g) for il in range(config.n_layer) for g in range(config.n_head_kv)]
     a0, a1 = (int(x) for x in args.pointer_anneal.split(","))
 
     def losses(step, stopping):
+        step += args.schedule_from  # the curriculum, blinding, pointer anneal and row weight (and the data's seed)
         w_pointer = args.pointer_weight * (1 - 0.9 * min(1.0, max(0.0, (step - a0) / max(1, a1 - a0))))
-        items = train_items(args.seed, step, args.batch, trainer.blind_at(step, args.blind_schedule), blind_groups)
+        items = train_items(args.seed, step, args.batch, trainer.blind_at(step, args.blind_schedule), blind_groups,
+                            args.resize_schedule)
         groups = worker_groups(items, rank, world, args.questions)
         sums, counts = batch_sums(model, groups, args.questions, pointer_layers)
         counts, values, stop = trainer.reduce_step(sums, counts, stopping, world)
@@ -256,9 +286,13 @@ def train(rank, args):
         return loss + args.glyph_weight * glyph + w_pointer * pointer + w_row * row, values, stop
 
     def watch():
-        return trainer.watch_exact(model, held_out, greedy, WATCH_BATCH, rank, world)
+        native = trainer.watch_exact(model, held_out, greedy, WATCH_BATCH, rank, world)
+        if not held_out_small:
+            return native
+        return native, trainer.watch_exact(model, held_out_small, greedy, WATCH_BATCH, rank, world)
 
-    trainer.fit(args, model, opt, losses, watch, ("loss", "glyph", "pointer", "row"), rank, world, ("row_probe.",))
+    trainer.fit(args, model, opt, losses, watch, ("loss", "glyph", "pointer", "row"), rank, world, ("row_probe.",),
+                ("eval_exact_resized",) if held_out_small else ())
     if world > 1:
         torch.distributed.destroy_process_group()
 
@@ -277,6 +311,20 @@ def main():
     ap.add_argument("--blind-from", default="1000,3000", help="the steps from which each --blind share applies")
     ap.add_argument("--row-weight", type=float, default=0.3, help="weight of the row probe's loss")
     ap.add_argument("--row-from", type=int, default=0, help="the step from which --row-weight applies")
+    ap.add_argument("--init", default=None,
+                    help="start from this checkpoint's weights with a fresh optimiser (a fine-tune; ignored once "
+                         "RUN/ckpt.pt exists, which resumes as always)")
+    ap.add_argument("--schedule-from", type=int, default=0,
+                    help="run the curriculum, blinding, pointer anneal and row weight as at this step + the step "
+                         "(a fine-tune continues the original run's last stage; also offsets the data's seeds)")
+    ap.add_argument("--resize", type=float, default=0.0,
+                    help="share of single pages resized as mtmd does for --image-max-tokens, with reading targets; "
+                         "above 0 it replaces qwen2's downscaled pages (which had none)")
+    ap.add_argument("--resize-tokens", default="0.25,1",
+                    help="LO,HI: a resized page gets --image-max-tokens U(LO, HI) x its native image tokens")
+    ap.add_argument("--watch-resize", type=float, default=0.0,
+                    help="also watch exact match on the watch set resized by mtmd to this share of native tokens "
+                         "(log.csv column eval_exact_resized); 0: not")
     args = ap.parse_args()
     try:
         args.blind_schedule = trainer.blind_schedule(args.blind, args.blind_from)
@@ -284,6 +332,15 @@ def main():
         ap.error(str(e))
     if args.row_weight < 0:
         ap.error("--row-weight is not negative")
+    try:
+        lo, hi = (float(x) for x in args.resize_tokens.split(","))
+    except ValueError:
+        ap.error("--resize-tokens LO,HI")
+    if not 0 <= args.resize <= 1 or not 0 < lo <= hi <= 1 or not 0 <= args.watch_resize <= 1:
+        ap.error("--resize and --watch-resize in 0..1, --resize-tokens 0 < LO <= HI <= 1")
+    args.resize_schedule = (args.resize, lo, hi) if args.resize > 0 else None
+    if args.init and not os.path.exists(args.init):
+        ap.error(f"--init {args.init}: no such checkpoint")
     os.makedirs(args.run, exist_ok=True)
     trainer.launch(args, train)
 

@@ -7,6 +7,10 @@ the blinding schedule and greedy decoding.
 
 The trainers keep what is theirs: the model, the optimiser's groups, the batches' layout and losses, the
 prompts. Training items use seeds >= 1,000,000 only (gen_docs.FIRST_TRAIN_SEED).
+
+Fine-tuning (train_qwen2vl.py --init): a run can start from another run's weights with a fresh optimiser
+(init_from), its curriculum can resize a share of the single pages as mtmd does (curriculum's `resize`), and the
+watch can report more than one exact match (fit's `watch_names`: extra log.csv columns).
 """
 
 import argparse
@@ -55,35 +59,43 @@ def run_options(doc, steps, batch, questions, save_every, threads=2):
 
 
 # --- items and batches ---------------------------------------------------------------------------------------------
-def curriculum(step, rng, multi_from, p_multi, scale_from=None):
-    """(task, n_fields, scale) for one training item at this step. Pages grow from 1-2 fields to 4-7 by step 1000;
-    dense supervision (transcribe the page, read a line) gives way to field questions by step 3000; multi-page
-    needle items (a share p_multi) join at multi_from; from scale_from (None: never) a fifth of the single pages are
-    downscaled by 0.5-0.9."""
+def curriculum(step, rng, multi_from, p_multi, scale_from=None, resize=None):
+    """(task, n_fields, scale, token_share) for one training item at this step. Pages grow from 1-2 fields to 4-7 by
+    step 1000; dense supervision (transcribe the page, read a line) gives way to field questions by step 3000;
+    multi-page needle items (a share p_multi) join at multi_from; from scale_from (None: never) a fifth of the single
+    pages are downscaled by 0.5-0.9. resize=(p, lo, hi) (None: never; no draws then, so the items are those of a
+    run without it): a share p of the single pages is resized as mtmd does to token_share = U(lo, hi) of their
+    native image tokens (gen_pages.item's token_share), else token_share is None."""
     hi = min(7, 2 + step // 200)
     n = rng.randint(1, hi) if rng.random() < 0.3 else rng.randint(max(1, hi - 3), hi)
     ramp = min(1.0, step / 3000)
     p_read, p_row = 0.4 - 0.2 * ramp, 0.25 - 0.15 * ramp
     p_multi = p_multi if step >= multi_from else 0.0
     scale = rng.uniform(0.5, 0.9) if scale_from is not None and step >= scale_from and rng.random() < 0.2 else None
+    share = None
+    if resize is not None:
+        p, lo, hi = resize
+        share = rng.uniform(lo, hi) if rng.random() < p else None
     u = rng.random()
     if u < p_multi:
-        return "multi", None, None
+        return "multi", None, None, None
     if u < p_multi + p_read:
-        return "read", n, scale
+        return "read", n, scale, share
     if u < p_multi + p_read + p_row:
-        return "row", n, scale
-    return "qa", n, scale
+        return "row", n, scale, share
+    return "qa", n, scale, share
 
 
 def train_items(base_seed, step, batch, item, **schedule):
     """The step's items, which depend only on (base_seed, step): item(seed, task, n_fields, scale) of curriculum's
-    draws (schedule: its keywords), each asking its other questions in a shuffled order."""
+    draws (schedule: its keywords; item(..., token_share=F) for the pages it resizes), each asking its other
+    questions in a shuffled order."""
     rng = random.Random(base_seed * 1_000_003 + step)
     out = []
     for _ in range(batch):
-        task, n, scale = curriculum(step, rng, **schedule)
-        it = item(rng.randrange(FIRST_TRAIN_SEED, 2**31), task, n, scale)
+        task, n, scale, share = curriculum(step, rng, **schedule)
+        seed = rng.randrange(FIRST_TRAIN_SEED, 2**31)
+        it = item(seed, task, n, scale) if share is None else item(seed, task, n, scale, token_share=share)
         rng.shuffle(it["others"])
         out.append(it)
     return out
@@ -306,6 +318,19 @@ def resume(ckpt_path, model, opt, optional=()):
     return ck["step"], ck["seconds"]
 
 
+def init_from(path, model, optional=()):
+    """Load the model weights of another run's checkpoint (a fine-tune's start; the optimiser starts fresh). Refused
+    as resume() refuses: another configuration, or parameters missing beyond the `optional` prefixes."""
+    ck = torch.load(path)
+    if ck["config"] != model.c.to_dict():
+        sys.exit(f"{path} holds another model configuration: {json.dumps(ck['config'])}")
+    missing, unexpected = model.load_state_dict(ck["model"], strict=False)
+    if unexpected or any(not name.startswith(tuple(optional)) for name in missing):
+        sys.exit(f"{path} does not match the model: missing {missing}, unexpected {unexpected}")
+    print(f"initialised from {path} (its step {ck['step']}); a fresh optimiser", file=sys.stderr)
+    return ck["step"]
+
+
 def optimizer_state(saved, model, opt, new):
     """The saved optimizer state renumbered for opt, whose parameter groups hold the parameters the saved one
     held, in the same order, plus the `new` ones (named), which get no state. Optimizer states are indexed by
@@ -321,10 +346,10 @@ def optimizer_state(saved, model, opt, new):
     return {"state": state, "param_groups": param_groups}
 
 
-def open_log(run, step):
-    """RUN/log.csv for appending (with its header when new) and its csv writer. Rows past `step`, the checkpoint's,
-    are dropped first: a run stopped between logging and saving, or a log copied later than its checkpoint, would
-    otherwise log those steps twice on resuming."""
+def open_log(run, step, extra=()):
+    """RUN/log.csv for appending (with its header when new, `extra` columns after eval_exact) and its csv writer.
+    Rows past `step`, the checkpoint's, are dropped first: a run stopped between logging and saving, or a log copied
+    later than its checkpoint, would otherwise log those steps twice on resuming."""
     path = os.path.join(run, "log.csv")
     if os.path.exists(path):
         with open(path, newline="") as f:
@@ -338,7 +363,7 @@ def open_log(run, step):
     log = open(path, "a", newline="")
     writer = csv.writer(log)
     if new:
-        writer.writerow(["step", "seconds", "loss", "glyph_loss", "pointer_loss", "lr", "eval_exact"])
+        writer.writerow(["step", "seconds", "loss", "glyph_loss", "pointer_loss", "lr", "eval_exact", *extra])
     return log, writer
 
 
@@ -350,19 +375,19 @@ def lr_at(step, args):
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-def fit(args, model, opt, losses, watch, names, rank=0, world=1, optional=()):
+def fit(args, model, opt, losses, watch, names, rank=0, world=1, optional=(), watch_names=()):
     """Train from RUN/ckpt.pt (or from the start) to --steps. losses(step, stopping) -> (this worker's total loss,
     the loss values to log, stop: whether any worker was told to stop); watch() -> the watch set's exact match, which
-    every worker helps compute. Every worker applies the summed gradients, so the run equals a single process's to
-    float rounding. Worker 0 prints the values under `names` (the first three are log.csv's loss columns), logs and
-    saves."""
+    every worker helps compute, or with watch_names (more log.csv columns) a tuple of it and one more per name.
+    Every worker applies the summed gradients, so the run equals a single process's to float rounding. Worker 0
+    prints the values under `names` (the first three are log.csv's loss columns), logs and saves."""
     ckpt_path = os.path.join(args.run, "ckpt.pt")
     step, seconds0 = resume(ckpt_path, model, opt, optional)
     lead = rank == 0
     if lead:
         print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; {world} worker(s); config "
               f"{json.dumps(model.c.to_dict())}", file=sys.stderr)
-        log, writer = open_log(args.run, step)
+        log, writer = open_log(args.run, step, watch_names)
     signals = []
     signal.signal(signal.SIGTERM, lambda *_: signals.append(1))
     signal.signal(signal.SIGINT, lambda *_: signals.append(1))
@@ -387,11 +412,14 @@ def fit(args, model, opt, losses, watch, names, rank=0, world=1, optional=()):
             print(f"step {step}/{args.steps} " + " ".join(f"{n} {m:.4f}" for n, m in zip(names, np.mean(hist[-10:], 0)))
                   + f" {per:.2f} s/step ETA {(args.steps - step) * per / 3600:.1f} h", file=sys.stderr, flush=True)
         if em is not None:
+            em, *more = em if watch_names else (em,)
             m = np.mean(hist[-50:], 0)
             writer.writerow([step, f"{seconds():.0f}", f"{m[0]:.4f}", f"{m[1]:.4f}", f"{m[2]:.4f}",
-                             f"{lr_at(step, args):.2e}", f"{em:.4f}"])
+                             f"{lr_at(step, args):.2e}", f"{em:.4f}"] + [f"{x:.4f}" for x in more])
             log.flush()
-            print(f"step {step}: held-out exact match {em:.3f}", file=sys.stderr, flush=True)
+            print(f"step {step}: held-out exact match {em:.3f}" + "".join(f", {n} {x:.3f}" for n, x in
+                                                                       zip(watch_names, more)),
+                  file=sys.stderr, flush=True)
         if step % args.save_every == 0 or stop:
             save(ckpt_path, model, opt, step, seconds(), args)
     if lead:
