@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The ThreadSanitizer job (issue 34): ecokv built by clang with -fsanitize=thread in build-tsan/, then the server's
+# tests (tests/server/test-serve.sh: the openai client's concurrent requests, 16 identical concurrent requests
+# resuming one kept conversation, the conversation cache, a full queue, 200 slow connections) against that server.
+# llama.cpp is not built again: build-tsan links the ordinary build's shared libraries (build/, scripts/test.sh),
+# uninstrumented, so TSan checks ecokv's own threads (HTTP connections, slots, the cache, metrics), not ggml's.
+# The core's kernels use OpenMP, whose runtime synchronises where TSan cannot see it (clang 14's libomp has no
+# TSan annotations here), so OMP_NUM_THREADS=1 runs them inline; the server's compute runs on one thread (-t 1).
+# Called by .ci/run after the sanitizer job.
+#   scripts/tsan.sh [--build-only]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=build-tsan
+[[ -f build/bin/libllama.so ]] || bash scripts/test.sh -N >/dev/null  # the ordinary build, for its llama.cpp
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" -DECOKV_SANITIZE_THREAD=ON \
+    -DECOKV_BUILD_TESTS=OFF -DECOKV_BUILD_BENCH=OFF -DECOKV_INSTALL=OFF \
+    -DECOKV_LLAMA_PREBUILT_DIR="$PWD/build/bin" >/dev/null
+cmake --build $B -j"$(nproc)" --target ecokv-cli
+[[ ${1:-} == --build-only ]] && exit 0
+
+# A race or a lock-order inversion in the server ends it (exit 66), and the test that needed it fails.
+export TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1"
+export OMP_NUM_THREADS=1
+SERVE_ARGS="-t 1" bash tests/server/test-serve.sh $B/bin/ecokv
+echo "tsan.sh: the server's tests passed under ThreadSanitizer"
