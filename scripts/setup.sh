@@ -58,7 +58,10 @@ echo "== test clients for ecokv serve (npm: openai, autocannon; tests/server/pac
 echo "== building ($build_dir/, backend $backend)"
 generator=()
 [ -f "$build_dir/CMakeCache.txt" ] || generator=(-G Ninja)
-cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DECOKV_BACKEND="$backend" >/dev/null
+# ECOKV_CMAKE_ARGS: more CMake options (bench/gpu-check.sh: -DCMAKE_CUDA_ARCHITECTURES=native).
+read -r -a cmake_args <<< "${ECOKV_CMAKE_ARGS:-}"
+cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DECOKV_BACKEND="$backend" \
+    ${cmake_args[@]+"${cmake_args[@]}"} >/dev/null
 # ECOKV_BUILD_TARGETS (space-separated) builds only those (scripts/test-gpu.sh); the default builds everything.
 read -r -a targets <<< "${ECOKV_BUILD_TARGETS:-}"
 cmake --build "$build_dir" -j"$(nproc)" ${targets[@]+--target "${targets[@]}"}
