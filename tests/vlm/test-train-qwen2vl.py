@@ -6,6 +6,7 @@
   hand, and its gradients pass gradcheck.
 - The row probe's targets for a page written out by hand; the workers' shares of a step partition its items at
   like cost.
+- A page resized by mtmd: glyph and row targets over its token grid, pointers on the tokens of the answer characters.
 - Resuming drops log rows past the checkpoint's step.
 - Resuming a checkpoint saved before a training-only module existed: the other parameters and their optimizer
   state come back by name, the new module starts without state; a checkpoint missing anything else is refused.
@@ -287,4 +288,25 @@ with tempfile.TemporaryDirectory() as d:
     finishing = [launch(-1, 0) for _ in range(5)]
     check(all(r[0] == 0 for r in finishing), f"workers finishing at once end the run (5 runs): {[r[0] for r in finishing]}")
 
+# A page resized by mtmd (gen_pages.item(token_share=...)): its glyph targets are the resized token grid's characters
+# (None ignored), its row targets as many as its tokens, and each pointer lands in the image on the token that
+# holds the answer character's centre, whose target is that character or ignored.
+it = T.gen_pages.item(1_000_123, "qa", token_share=0.5)
+img = it["images"][0]
+rows, cols = img.shape[0] // 8, img.shape[1] // 8
+_, _, _, slots, cell_targets, pointers = T.make_batch([it], 3)
+glyph, row_t = cell_targets[0]
+chars = it["token_chars"][0]
+check(rows * cols < len(it["grids"][0]) * len(it["grids"][0][0]) and glyph.numel() == rows * cols
+      and row_t.shape == (rows * cols, T.ROW_PROBE_CHARS), f"resized targets: {rows} x {cols} tokens")
+check(glyph.tolist() == [-100 if ch is None else encode(ch)[0] for line in chars for ch in line],
+      "resized glyph targets: the token grid's characters, None ignored")
+start = slots[0][1]
+answers = [it["answer"]] + [a for _, a, _ in it["others"][:2]]
+wanted = [(a[i], cell) for a, cells in zip(answers, [it["cells"]] + [c for _, _, c in it["others"][:2]])
+          for i, cell in enumerate(cells) if cell is not None]
+got = [(t - start) for t in pointers[:, 2].tolist()]
+check(len(got) == len(wanted) and all(0 <= g < rows * cols for g in got), f"{len(got)} pointers inside the image")
+check(all(g == r * cols + c and chars[r][c] in (ch, None) for g, (ch, (_, r, c)) in zip(got, wanted)),
+      "each pointer on its character's token, whose target is that character or ignored")
 finish()
