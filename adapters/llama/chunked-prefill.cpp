@@ -1,6 +1,8 @@
 // Chunked prefill (docs/chunked-prefill.md): a prompt decoded chunk by chunk into the room of a compressed cache and
-// compressed again after each chunk, so that no KV head holds more than its kept entries and one chunk.
+// compressed again after each chunk, so that no KV head holds more than its kept entries and one chunk; and the same
+// re-compression during an answer (answer_compressing: every N decoded cells).
 #include "ecokv/error.h"
+#include "ecokv/llama-generate.h"
 #include "kv-store.h"
 #include "session-impl.h"
 
@@ -123,33 +125,43 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
         q.eval(*p.impl_, from, to, to < p.units().size());
     }
     q.prefill_s += seconds_since(t_eval);
-    q.note_peak();
+    const uint8_t * new_modality = p.modality().empty() ? nullptr : p.modality().data() + first;
+    q.reselect(first, n_new, new_modality, spec, params, n_room, q.capture->bytes_to_host() - query_before);
+}
 
+void sequence::impl::reselect(int32_t first, int32_t n_new, const uint8_t * new_modality, const method_spec & spec,
+                              const method_params & params, int32_t n_room, uint64_t query_bytes) {
+    impl & q = *this;
+    q.note_peak();
     // The candidates: each head's kept cells, then the new ones, whose last queries are the window.
     const auto              t_capture = std::chrono::steady_clock::now();
     const ragged_candidates cand(q.ctx.get(), q.layout, q.n_extra, n_new, requirements(spec, params).values);
     capture_view            cap = chunk_capture(q.s->model, *q.capture, n_new);
     cap.heads                   = cand.heads();
     cap.head_dim_v              = int32_t(cap.heads[0].values.ne[0]);
+    const uint8_t text          = uint8_t(modality::text);
     for (size_t i = 0; i < cap.heads.size(); ++i) {
         for (int32_t c = 0; c < n_new; ++c) {
             q.kept_cells[i].push_back(first + c);
         }
-        if (!p.modality().empty()) {
+        if (!q.kept_modality.empty()) {  // new cells of a multimodal sequence: the prompt's, or decoded text
             std::vector<uint8_t> & m = q.kept_modality[i];
-            m.insert(m.end(), p.modality().begin() + first, p.modality().begin() + first + n_new);
+            for (int32_t c = 0; c < n_new; ++c) {
+                m.push_back(new_modality ? new_modality[c] : text);
+            }
             cap.heads[i].modality = m;
         }
         cap.n_tokens = std::max(cap.n_tokens, int32_t(q.kept_cells[i].size()));
     }
+    q.cells_seen = first + n_new;
     compression_info info;
     info.capture_seconds = seconds_since(t_capture);
-    info.bytes_to_host   = cand.bytes_to_host() + q.capture->bytes_to_host() - query_before;
+    info.bytes_to_host   = cand.bytes_to_host() + query_bytes;
     auto             t0 = std::chrono::steady_clock::now();
     info.sel            = q.naming_model([&] { return ecokv::compress(cap, spec, params, { int32_t(q.cparams.n_threads) }); });
     info.select_seconds = seconds_since(t0);
     t0                  = std::chrono::steady_clock::now();
-    const uint64_t before = kv_bytes_allocated();
+    const uint64_t before = llama::kv_bytes_allocated(q.ctx.get());
     context_ptr fresh = q.rebuilds_in_new_context() ? q.replacement_context(n_room) : nullptr;
     make_ragged(fresh ? fresh.get() : q.ctx.get(), cap, info.sel, n_room, q.n_past - 1,
                 { q.ctx.get(), cap.n_kv_heads, q.layout, q.n_extra });
@@ -186,6 +198,57 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
     q.comp = std::move(info);
     q.note_peak(before);
     release_free_heap();
+}
+
+generation sequence::answer_compressing(const std::vector<llama_token> & question, int32_t n, int32_t every,
+                                        const method_spec & spec, const method_params & params) {
+    impl & q = *impl_;
+    if (q.layout.empty() || !q.capture) {
+        throw error("--decode-compress: the sequence must be compressed with its query capture (compressed in place "
+                    "after the prompt, or a chunked prefill)");
+    }
+    const method_requirements needs = requirements(spec, params);
+    if (needs.full_queries) {
+        throw error("--decode-compress: " + spec.name() + " scores with the queries of every token, which a "
+                    "re-compression during the answer does not keep");
+    }
+    const int32_t n_window = method_window(spec, params);
+    if (every <= n_window || every > q.n_extra || int32_t(question.size()) >= q.n_extra) {
+        throw error("--decode-compress " + std::to_string(every) + ": must be larger than the window of " +
+                    std::to_string(n_window) + " and, with the question's " + std::to_string(question.size()) +
+                    " tokens, fit the room of " + std::to_string(q.n_extra) + " new tokens");
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(q.s->model);
+    const recording     rec(*q.capture);
+    q.capture->expect_tokens(-1);  // one query row a step, each read as it comes
+    int32_t first = std::max(q.cells_seen, q.n_prompt), since = 0;
+    const auto decode = [&](const std::vector<llama_token> & tokens) {
+        const uint64_t query_before = q.capture->bytes_to_host();
+        q.decode(tokens);
+        since += int32_t(tokens.size());
+        q.decoded_query_bytes += q.capture->bytes_to_host() - query_before;
+    };
+    if (!question.empty()) {
+        decode(question);
+    }
+    generation out;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int32_t i = 0; i < n; ++i) {
+        const llama_token t = argmax(q.logits);
+        out.tokens.push_back(t);
+        if (llama_vocab_is_eog(vocab, t) || i + 1 == n) {
+            break;
+        }
+        if (since >= every) {  // the room holds `every` cells: select again before the next one
+            q.reselect(first, since, nullptr, spec, params, every, q.decoded_query_bytes);
+            q.decoded_query_bytes = 0;
+            first += since;
+            since = 0;
+        }
+        decode({ t });
+    }
+    out.seconds = seconds_since(t0);
+    return out;
 }
 
 }  // namespace ecokv::llama

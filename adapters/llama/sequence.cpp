@@ -221,6 +221,7 @@ sequence session::prefill_units(const prompt & p, size_t n_units, int32_t n_extr
 }
 
 int32_t                    sequence::n_cells() const { return impl_->n_cells; }
+int32_t sequence::n_held() const { return impl_->n_cells + int32_t(impl_->n_past - impl_->origin_n_past); }
 llama_pos                  sequence::n_past() const { return impl_->n_past; }
 const std::vector<float> & sequence::logits() const { return impl_->logits; }
 int32_t                    sequence::n_prompt() const { return impl_->n_prompt; }

@@ -81,6 +81,8 @@ struct sequence::impl {
     std::vector<std::vector<uint8_t>> kept_modality;  // and their modality (empty for a text prompt)
     int32_t                           peak_cells = 0;
     uint64_t                          peak_bytes = 0;
+    int32_t  cells_seen = 0;           // cells numbered so far (kept_cells' numbers): the prompt's, then decoded ones
+    uint64_t decoded_query_bytes = 0;  // query rows read from a device since the last re-compression of an answer
 
     int32_t              n_prompt = 0, n_media = 0;
     std::vector<uint8_t> modality;
@@ -120,6 +122,12 @@ struct sequence::impl {
     // Whether a ragged cache written now must go to a replacement_context: ctx ran graphs, on a GPU build
     // (fresh_context_per_compression says why).
     bool rebuilds_in_new_context() const { return ran_graphs && fresh_context_per_compression(); }
+
+    // Compresses again in place over what each (layer, KV head) keeps and the n_new cells decoded last, numbered from
+    // `first` (modality new_modality[c], or text when null), whose last captured queries are the window; leaves room
+    // for n_room tokens. The rows read are counted in comp.bytes_to_host with query_bytes (the new cells' queries).
+    void reselect(int32_t first, int32_t n_new, const uint8_t * new_modality, const method_spec & spec,
+                  const method_params & params, int32_t n_room, uint64_t query_bytes);
 
     // Records the memory held now, plus `transient` bytes held a moment before together with it.
     void note_peak(uint64_t transient = 0);

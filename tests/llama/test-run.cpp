@@ -75,6 +75,44 @@ TEST(run, a_chunked_prefill_bounds_the_peak) {
     EXPECT_EQ(chunked["chunk"].get<int>(), 96);
 }
 
+// --decode-compress N: a 200-token story continuation re-compressed every 32 decoded cells ends holding the budget and
+// at most 32 more entries in its longest head (199 decoded: 6 re-compressions, 7 cells since the last), where the
+// answer without it ends holding the budget and all 199; a covering budget re-compresses nothing away and answers as
+// the full cache; chunked prefill and decode compression compose.
+TEST(run, a_re_compressing_answer_stays_bounded) {
+    temp_dir   dir;
+    const json plain = run_json(dir, { "-f", k_prompt, "-m", "snapkv+ecokv", "-b", "64", "-n", "200" });
+    const json every = run_json(dir, { "-f", k_prompt, "-m", "snapkv+ecokv", "-b", "64", "-n", "200",
+                                       "--decode-compress", "32", "--compare-full" });
+    ASSERT_TRUE(every.contains("cells_held_end")) << every.dump();
+    EXPECT_EQ(plain["cells_held_end"].get<int>(), 64 + 199);
+    EXPECT_EQ(every["cells_held_end"].get<int>(), 64 + 7);
+    EXPECT_EQ(every["decode_compress"].get<int>(), 32);
+    EXPECT_GT(every["compress_s_end"].get<double>(), every["compress_s"].get<double>()) << "six more compressions";
+    EXPECT_TRUE(every["answers"][0]["agreement"].is_null()) << "no teacher-forced fidelity for a re-compressing answer";
+    EXPECT_FALSE(every["answers"][0]["full_text"].get<std::string>().empty());
+    const json cover = run_json(dir, { "-f", k_prompt, "-m", "snapkv+ecokv", "-b", "1024", "-n", "64",
+                                       "--decode-compress", "16", "--compare-full" });
+    EXPECT_EQ(cover["answers"][0]["text"], cover["answers"][0]["full_text"]);
+    const json chunked = run_json(dir, { "-f", k_prompt, "-m", "snapkv", "-b", "64", "-n", "100", "--chunk", "96",
+                                         "--decode-compress", "40" });
+    EXPECT_EQ(chunked["cells_held_end"].get<int>(), 64 + 99 % 40);
+    EXPECT_EQ(chunked["peak_kv_cells"].get<int>(), 256);
+    for (const auto & [args, message] :
+         std::vector<std::pair<std::vector<std::string>, std::string>>{
+             { { "-m", "full", "--decode-compress", "16" }, "--decode-compress re-compresses one answer of a compressed" },
+             { { "-m", "snapkv", "--decode-compress", "16", "--question", "a", "--question", "b" }, "at most one --question" },
+             { { "-m", "snapkv", "--decode-compress", "-1" }, "--decode-compress -1 must be 0 (never) or a count" },
+             { { "-m", "snapkv", "--decode-compress", "16" }, "--decode-compress 16: must be larger than the window of 32" },
+             { { "-m", "h2o", "--decode-compress", "16" }, "uniform+h2o scores with the queries of every token" } }) {
+        std::vector<std::string> a = { "run", "--model", k_model, "-f", k_prompt, "-n", "64" };
+        a.insert(a.end(), args.begin(), args.end());
+        const run_result r = run_cli(dir.path().string(), a);
+        EXPECT_EQ(r.code, 1) << describe(r);
+        EXPECT_TRUE(contains(r.err, message)) << "expected '" << message << "'\n" << describe(r);
+    }
+}
+
 TEST(run, questions_are_answered_from_one_compressed_cache) {
     temp_dir    dir;
     const std::string story = read_file(k_prompt);

@@ -200,6 +200,72 @@ TEST(session, chunked_prefill_attends_to_what_each_chunk_kept) {
     }
 }
 
+// An answer that re-compresses every 12 decoded cells (answer_compressing) is a chunked prefill of what it decodes:
+// after 20 greedy tokens (19 decoded: cells 40..58) the cache was compressed after the prompt and once more after
+// cells 40..51, and the last logits are the reference's where the cells 52..58 see what that compression kept plus
+// themselves. The kept cells number the decoded ones on from the prompt's; the room never grows.
+TEST(session, a_re_compressing_answer_attends_to_what_each_step_kept) {
+    const fixture f;
+    const auto    tokens = prompt_tokens(40, f.m.config().n_vocab, 23);
+    const auto    p      = f.s.make_prompt(tokens);
+    for (const char * name : { "snapkv+ecokv", "adakv+ecokv" }) {
+        const ecokv::method_spec   spec = ecokv::parse_method(name);
+        const ecokv::method_params par  = budget(16, 4);
+        el::sequence               seq  = f.s.prefill(p, 24, ecokv::requirements(spec, par));
+        seq.compress_in_place(spec, par);
+        std::vector<std::vector<std::vector<int32_t>>> kept = { seq.kept_cells() };
+        const el::generation                           gen  = seq.answer_compressing({}, 20, 12, spec, par);
+        ASSERT_EQ(gen.tokens.size(), 20u) << name << ": no end-of-generation token on this seed";
+        kept.push_back(seq.kept_cells());
+        std::vector<int32_t> all = tokens;
+        all.insert(all.end(), gen.tokens.begin(), gen.tokens.end() - 1);  // the last token picked is not decoded
+        const std::vector<int32_t> ends = { 40, 52, 59 };
+        EXPECT_EQ(seq.n_past(), 59);
+        EXPECT_LT(rel_diff(seq.logits(), reference_logits(f.m, all, text_positions(59), chunked_visibility(ends, kept, 2))),
+                  logit_rel_tolerance)
+            << name;
+        EXPECT_GT(rel_diff(seq.logits(), reference_logits(f.m, all, text_positions(59))), 3 * logit_rel_tolerance)
+            << name << ": the evictions should show";
+        size_t total = 0;
+        for (const auto & h : kept.back()) {
+            EXPECT_TRUE(std::is_sorted(h.begin(), h.end()));
+            EXPECT_EQ(h.back(), 51) << "the window: the last 4 cells before the re-compression";
+            total += h.size();
+        }
+        if (std::string(name) == "snapkv+ecokv") {
+            EXPECT_EQ(total, kept.back().size() * 16) << "16 entries in every head";
+        } else {
+            EXPECT_LE(total, kept.back().size() * 16) << "the budget, moved between heads by AdaKV";
+        }
+        EXPECT_EQ(seq.n_held(), seq.n_cells() + 7) << "kept entries and the 7 cells decoded since";
+        EXPECT_LE(seq.peak_kv_cells(), 256) << "no head ever past llama.cpp's smallest cache";
+    }
+}
+
+// What a re-compressing answer needs: a compressed sequence with its capture, a method without every query, a period
+// larger than the window and within the room.
+TEST(session, a_re_compressing_answer_refuses_what_it_cannot_do) {
+    const fixture              f;
+    const auto                 p    = f.s.make_prompt(prompt_tokens(40, f.m.config().n_vocab, 24));
+    const ecokv::method_spec   spec = ecokv::parse_method("snapkv");
+    const ecokv::method_params par  = budget(16, 4);
+    el::sequence               full = f.s.prefill(p, 24, ecokv::requirements(spec, par));
+    const auto                 message = [&](el::sequence & s, int32_t every, const char * method) {
+        try {
+            s.answer_compressing({}, 8, every, ecokv::parse_method(method), par);
+        } catch (const ecokv::error & e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    EXPECT_NE(message(full, 12, "snapkv").find("must be compressed with its query capture"), std::string::npos);
+    full.compress_in_place(spec, par);
+    EXPECT_EQ(message(full, 4, "snapkv"), "--decode-compress 4: must be larger than the window of 4 and, with the "
+                                          "question's 0 tokens, fit the room of 24 new tokens");
+    EXPECT_NE(message(full, 25, "snapkv").find("fit the room of 24"), std::string::npos);
+    EXPECT_NE(message(full, 12, "h2o").find("h2o scores with the queries of every token"), std::string::npos);
+}
+
 // prefill_chunked() is those steps; its KV cache peaks at llama.cpp's smallest (256 cells) where one shot allocates
 // the whole prompt's (1000 tokens and 4 new ones, in cells padded to 256: 1024).
 TEST(session, chunked_prefill_bounds_the_peak) {

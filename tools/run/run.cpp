@@ -23,6 +23,7 @@ struct run_options {
     ecokv::tools::prompt_options prompt;
     ecokv::compression           c;
     int32_t                      n_predict    = 32;
+    int32_t                      decode_compress = 0;  // re-compress every N decoded cells (0: never)
     bool                         compare_full = false;
     bool                         json         = false;
     bool                         budget_given = false;  // the main job compresses to 100 entries unless told
@@ -42,6 +43,9 @@ bool parse(int argc, char ** argv, run_options & o) {
     options.add_options()
         ("n,n-predict", "tokens to generate", cxxopts::value<int32_t>()->default_value("32"))
         ("compare-full", "also decode with the full cache: greedy agreement and mean KL")
+        ("decode-compress", "compress again to the budget every N cells decoded (question and answer; the newest as the "
+                            "window), so that a long answer stays bounded (0: never)",
+         cxxopts::value<int32_t>()->default_value("0"))
         ("dump-capture", "write the prefill capture (SPEC §7) to this file", cxxopts::value<std::string>())
         ("json", "print one JSON object")
         ("h,help", "show this help");
@@ -65,6 +69,14 @@ bool parse(int argc, char ** argv, run_options & o) {
         throw error("-n " + std::to_string(o.n_predict) + " must lie in [1, 1000000]");
     }
     o.compare_full = args.count("compare-full") > 0;
+    o.decode_compress = args["decode-compress"].as<int32_t>();
+    if (o.decode_compress < 0) {
+        throw error("--decode-compress " + std::to_string(o.decode_compress) + " must be 0 (never) or a count of cells");
+    }
+    if (o.decode_compress > 0 && (full_cache || o.prompt.main_job || o.prompt.questions.size() > 1)) {
+        throw error("--decode-compress re-compresses one answer of a compressed cache: give a method and at most one "
+                    "--question (each re-compression replaces the cache the next question would start from)");
+    }
     o.budget_given = args.count("budget") > 0;
     o.method_given = args.count("method") > 0;
     o.json         = args.count("json") > 0;
@@ -88,17 +100,23 @@ struct answered {
     el::fidelity_report fidelity;
 };
 
+// With --decode-compress the answer re-compresses as it goes: the full cache's answer is shown beside it, with no
+// teacher-forced fidelity (the compressed cache of each step depends on its own earlier tokens).
 answered answer(const el::session & s, el::sequence & comp, el::sequence * full,
-                const std::vector<llama_token> & question, int32_t n_predict) {
+                const std::vector<llama_token> & question, const run_options & o) {
     answered a;
     comp.rewind();
-    a.gen = comp.answer(question, n_predict);
-    a.j   = { { "text", s.detokenize(a.gen.tokens) } };
+    a.gen = o.decode_compress > 0
+                ? comp.answer_compressing(question, o.n_predict, o.decode_compress, o.c.spec, o.c.params)
+                : comp.answer(question, o.n_predict);
+    a.j = { { "text", s.detokenize(a.gen.tokens) } };
     if (full != nullptr) {
         full->rewind();
-        const el::reference ref = { full->answer(question, n_predict, true), {} };
-        comp.rewind();
-        a.fidelity         = comp.fidelity(question, ref);
+        const el::reference ref = { full->answer(question, o.n_predict, true), {} };
+        if (o.decode_compress == 0) {
+            comp.rewind();
+            a.fidelity = comp.fidelity(question, ref);
+        }
         a.j["full_text"]   = s.detokenize(ref.answer.tokens);
         a.j["agreement"]   = a.fidelity.n ? json(a.fidelity.agreement) : json(nullptr);
         a.j["mean_kl"]     = a.fidelity.n ? json(a.fidelity.mean_kl) : json(nullptr);
@@ -149,13 +167,16 @@ json run(const run_options & o) {
         if (!o.c.enabled) {  // --method full: answered from the prefill's own cache
             compressed.emplace(std::move(*full));
             full.reset();
-        } else if (o.compare_full) {
+        } else if (o.compare_full && o.decode_compress == 0) {
             compressed.emplace(full->compress(o.c.spec, o.c.params, n_extra));
             full->release_capture();
-        } else {
+        } else {  // a re-compressing answer needs the in-place cache, which keeps the query capture
             full->compress_in_place(o.c.spec, o.c.params);
             compressed.emplace(std::move(*full));
             full.reset();
+            if (o.compare_full) {
+                full.emplace(s.prefill(p, n_extra, {}));
+            }
         }
     }
     out["prompt_tokens"]   = p.n_cells();
@@ -168,8 +189,6 @@ json run(const run_options & o) {
     out["kv_bytes_compressed"] = comp.kv_bytes_allocated();
     out["kv_bytes_kept"]       = comp.kv_bytes_kept();
     out["cells_per_head"]      = comp.n_cells();
-    out["peak_kv_cells"]       = comp.peak_kv_cells();
-    out["peak_kv_bytes"]       = comp.peak_kv_bytes();
     out["compress_s"]          = ci.capture_seconds + ci.select_seconds + ci.rebuild_seconds;
     out["capture_s"]           = ci.capture_seconds;
     out["select_s"]            = ci.select_seconds;
@@ -180,7 +199,7 @@ json run(const run_options & o) {
     double  decode_s = 0, agreement = 0, mean_kl = 0;
     int64_t n_decoded = 0, n_compared = 0;
     for (size_t qi = 0; qi < questions.size(); ++qi) {
-        answered a = answer(s, comp, full ? &*full : nullptr, questions[qi], o.n_predict);
+        answered a = answer(s, comp, full ? &*full : nullptr, questions[qi], o);
         decode_s += a.gen.seconds;
         n_decoded += int64_t(a.gen.tokens.size());
         agreement += a.fidelity.agreement * a.fidelity.n;
@@ -191,6 +210,13 @@ json run(const run_options & o) {
         }
         answers.push_back(a.j);
     }
+    // After the answers: a re-compressing answer (--decode-compress) moved the peak and what the cache keeps.
+    out["peak_kv_cells"]       = comp.peak_kv_cells();
+    out["peak_kv_bytes"]       = comp.peak_kv_bytes();
+    out["decode_compress"]     = o.decode_compress;
+    out["cells_held_end"]      = comp.n_held();  // the longest head: kept entries and the cells decoded since
+    out["compress_s_end"]      = comp.compression().select_seconds + comp.compression().rebuild_seconds +
+                            comp.compression().capture_seconds;
     out["text"]                = answers[0]["text"];
     out["answers"]             = answers;
     out["decode_s"]            = decode_s;
@@ -257,6 +283,12 @@ void print_text(const json & out) {
     std::printf("time      prefill %.3f s, compress %.4f s (select %.4f, rebuild %.4f), decode %.3f s (%.1f tok/s)\n",
                 out["prefill_s"].get<double>(), out["compress_s"].get<double>(), out["select_s"].get<double>(),
                 out["rebuild_s"].get<double>(), out["decode_s"].get<double>(), out["decode_tokens_per_s"].get<double>());
+    if (out["decode_compress"].get<int>() > 0) {
+        std::printf("answer    compressed again every %d cells: at the end the longest head holds %d entries; "
+                    "compressions %.4f s in all\n",
+                    out["decode_compress"].get<int>(), out["cells_held_end"].get<int>(),
+                    out["compress_s_end"].get<double>());
+    }
     if (out["compared_tokens"].get<int64_t>() > 0) {
         std::printf("vs full   agreement %.3f over %lld tokens, mean KL %.4f\n", out["agreement"].get<double>(),
                     (long long) out["compared_tokens"].get<int64_t>(), out["mean_kl"].get<double>());

@@ -237,6 +237,7 @@ class sequence {
     ~sequence();
 
     int32_t   n_cells() const;  // cells holding the prompt, or the longest KV head's kept entries
+    int32_t   n_held() const;   // n_cells() and the cells decoded since the prompt or the last compression
     llama_pos n_past() const;   // next position (after an M-RoPE image, less than the cells)
     const std::vector<float> & logits() const;  // distribution of the next token
     uint64_t  kv_bytes_allocated() const;  // K and V stores of the context, as allocated
@@ -272,7 +273,15 @@ class sequence {
     // tokens. The new cells must fit the room and outnumber the window.
     void extend(const prompt & p, size_t from, size_t to, const method_spec & spec, const method_params & params,
                 int32_t n_room);
-    // The prompt cells each (layer, KV head) of a compressed sequence keeps, ascending; empty when uncompressed.
+    // answer() on a compressed sequence (compress_in_place or a chunked prefill) that stays within its budget while it
+    // answers: every `every` cells decoded (the question's, then the answer's), it is compressed again in place, as a
+    // chunk of a chunked prefill, over what each KV head keeps and those cells, whose last queries are the window, with
+    // room left for the next `every`. The sequence's origin moves with each re-compression (rewind() comes back to the
+    // last one). `every` must exceed the window and fit the room; methods that read every query (h2o) are refused.
+    generation answer_compressing(const std::vector<llama_token> & question, int32_t n, int32_t every,
+                                  const method_spec & spec, const method_params & params);
+    // The cells each (layer, KV head) of a compressed sequence keeps, ascending (the prompt's cells first, then those
+    // decoded after it, numbered on); empty when uncompressed.
     const std::vector<std::vector<int32_t>> & kept_cells() const;
     // Since the prefill: the most KV cells any head had allocated at once (llama.cpp's padding included) and the most
     // KV bytes allocated at once (an in-place compression holds the old and new stores together for a moment).
