@@ -301,18 +301,25 @@ def save(path, model, opt, step, seconds, args):
     os.replace(tmp, path)
 
 
+def load_weights(path, model, optional=()):
+    """(checkpoint, names of the parameters it lacks): its weights loaded into model. Another configuration, or
+    parameters missing beyond the `optional` prefixes (training-only modules added later), end the run."""
+    ck = torch.load(path)
+    if ck["config"] != model.c.to_dict():
+        sys.exit(f"{path} holds another model configuration: {json.dumps(ck['config'])}")
+    missing, unexpected = model.load_state_dict(ck["model"], strict=False)
+    if unexpected or any(not name.startswith(tuple(optional)) for name in missing):
+        sys.exit(f"{path} does not match the model: missing {missing}, unexpected {unexpected}")
+    return ck, missing
+
+
 def resume(ckpt_path, model, opt, optional=()):
     """(step, seconds trained) of the checkpoint loaded into model and opt; (0, 0) without one. A checkpoint of
     another model configuration is refused; one without parameters whose names start with an `optional` prefix
     (training-only modules added during a run) loads, and those start fresh."""
     if not os.path.exists(ckpt_path):
         return 0, 0.0
-    ck = torch.load(ckpt_path)
-    if ck["config"] != model.c.to_dict():
-        sys.exit(f"{ckpt_path} holds another model configuration: {json.dumps(ck['config'])}")
-    missing, unexpected = model.load_state_dict(ck["model"], strict=False)
-    if unexpected or any(not name.startswith(tuple(optional)) for name in missing):
-        sys.exit(f"{ckpt_path} does not match the model: missing {missing}, unexpected {unexpected}")
+    ck, missing = load_weights(ckpt_path, model, optional)
     opt.load_state_dict(optimizer_state(ck["opt"], model, opt, set(missing)))
     print(f"resumed at step {ck['step']}" + (f" ({', '.join(missing)} new)" if missing else ""), file=sys.stderr)
     return ck["step"], ck["seconds"]
@@ -321,12 +328,7 @@ def resume(ckpt_path, model, opt, optional=()):
 def init_from(path, model, optional=()):
     """Load the model weights of another run's checkpoint (a fine-tune's start; the optimiser starts fresh). Refused
     as resume() refuses: another configuration, or parameters missing beyond the `optional` prefixes."""
-    ck = torch.load(path)
-    if ck["config"] != model.c.to_dict():
-        sys.exit(f"{path} holds another model configuration: {json.dumps(ck['config'])}")
-    missing, unexpected = model.load_state_dict(ck["model"], strict=False)
-    if unexpected or any(not name.startswith(tuple(optional)) for name in missing):
-        sys.exit(f"{path} does not match the model: missing {missing}, unexpected {unexpected}")
+    ck, _ = load_weights(path, model, optional)
     print(f"initialised from {path} (its step {ck['step']}); a fresh optimiser", file=sys.stderr)
     return ck["step"]
 
