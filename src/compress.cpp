@@ -35,6 +35,7 @@ class run {
         alloc_e_(find_allocator(spec.allocator)),
         n_window_(method_window(spec, params)),
         n_threads_(options.n_threads),
+        n_keep_last_(options.n_keep_last),
         needs_(scorer_e_.needs | alloc_e_.needs) {
         params.validate(n_window_);
         cap.validate();
@@ -55,6 +56,8 @@ class run {
     size_t  n_heads() const { return size_t(cap_.n_layers) * cap_.n_kv_heads; }
     int32_t n_tokens(size_t i) const { return cap_.head(layer(i), head(i)).n_tokens; }  // T of head i
     int32_t n_prefix(size_t i) const { return n_tokens(i) - n_window_; }
+    // The prefix tokens the selection chooses among: those before the protected last tokens (n_keep_last).
+    int32_t n_choosable(size_t i) const { return std::max(0, n_tokens(i) - std::max(n_window_, n_keep_last_)); }
 
     // Runs head_fn(i, budget) for every head; the allocation is made before (from all statistics) or
     // per head (allocators that need none).
@@ -69,7 +72,7 @@ class run {
         ECOKV_ASSERT(alloc.budget.size() == n_heads());
         kernels::parallel_for(int64_t(n_heads()), n_threads_, [&](int64_t i) {
             measure(size_t(i));
-            const head_budget b{ std::clamp(alloc.budget[i], 0, n_prefix(size_t(i))),
+            const head_budget b{ std::clamp(alloc.budget[i], 0, n_choosable(size_t(i))),
                                  alloc.budget_image.empty() ? -1 : alloc.budget_image[i], alloc.text_first };
             head_fn(size_t(i), b);
             stats_[i] = {};  // release as we go
@@ -112,6 +115,7 @@ class run {
     const allocator_entry & alloc_e_;
     const int32_t           n_window_;
     const int32_t           n_threads_;
+    const int32_t           n_keep_last_;
     const unsigned          needs_;
     const scorer_ptr        scorer_ = scorer_e_.make();
     std::vector<head_stats> stats_;  // [n_layers * n_kv_heads]
@@ -156,10 +160,11 @@ selection compress(const capture_view & cap, const method_spec & spec, const met
         }
     } else {
         r.for_each_head([&](size_t i, const head_budget & b) {
-            // A head whose budget covers P keeps everything without scoring.
-            const std::vector<double> s = b.prefix < r.n_prefix(i) ? r.score(i)
-                                                                   : std::vector<double>(size_t(r.n_prefix(i)), 0.0);
-            head_of(i).kept = select_head(s, b, cap.head(r.layer(i), r.head(i)));
+            // A head whose budget covers what it may choose keeps everything without scoring.
+            const int32_t             n_choosable = r.n_choosable(i);
+            const std::vector<double> s = b.prefix < n_choosable ? r.score(i)
+                                                                 : std::vector<double>(size_t(r.n_prefix(i)), 0.0);
+            head_of(i).kept = select_head(std::span(s).first(size_t(n_choosable)), b, cap.head(r.layer(i), r.head(i)));
             if (params.merge == merge_kind::pivot) {
                 merge_pivot(cap, r.layer(i), r.head(i), r.n_window(), head_of(i));
             }

@@ -154,6 +154,31 @@ TEST_P(methods, allocators_conserve_the_total_budget) {
     }
 }
 
+// compress_options::n_keep_last (a conversation's last turn): those tokens are all kept, beside the budget, and the
+// choice among the tokens before them follows the scores. Uniform allocation: exactly the best B - N of [0, T - 40)
+// by the scores score_heads gives, ties to the lower index (SPEC §2), picked here by a sort.
+TEST_P(methods, protected_last_tokens_are_kept_beside_the_budget) {
+    const int32_t n_keep = 40, budget = 48;  // more than any scorer's window
+    const auto    p      = params(budget);
+    const auto    sel    = ecokv::compress(capture().view(), spec(), p, { 1, n_keep });
+    const auto    scores = ecokv::score_heads(capture().view(), spec(), p, { 1 });
+    const int32_t c      = budget - sel.window;
+    for (size_t i = 0; i < scores.size(); ++i) {
+        const auto & kept = sel.layers[i / k_kv_heads][i % k_kv_heads].kept;
+        const auto   mid  = std::lower_bound(kept.begin(), kept.end(), k_tokens - n_keep);
+        ASSERT_EQ(kept.end() - mid, n_keep) << "head " << i << ": the protected tokens";
+        if (spec().allocator != "uniform") {
+            continue;  // the others move the budget between heads (allocators_conserve_the_total_budget)
+        }
+        std::vector<int32_t> order(size_t(k_tokens - n_keep));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return scores[i][a] > scores[i][b]; });
+        order.resize(size_t(c));
+        std::sort(order.begin(), order.end());
+        EXPECT_EQ(std::vector<int32_t>(kept.begin(), mid), order) << "head " << i;
+    }
+}
+
 // Per-head token sets (capture_view::heads, the chunked prefill's ragged candidates).
 
 // The capture's own data, each (layer, KV head) given as its own token set: a view of its slice.

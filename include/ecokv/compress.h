@@ -33,6 +33,10 @@ struct selection {
 
 struct compress_options {
     int32_t n_threads = 0;  // 0: all hardware threads
+    // The last n_keep_last tokens of every head are kept beside the budget, which then covers the tokens before them
+    // (window included): an engine's rule for a conversation's last turn (docs/conversations.md). Scores and
+    // allocation are computed as without it; the protected tokens only leave the choice. 0: the window alone.
+    int32_t n_keep_last = 0;
 };
 
 // Selects the kept tokens of every (layer, KV head). Validates the parameters, the capture's shapes
