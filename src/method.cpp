@@ -79,6 +79,19 @@ void check_chunk(const method_spec & spec, const method_params & params, int32_t
     }
 }
 
+void check_recompression(const method_spec & spec, const method_params & params, int32_t every) {
+    const method_requirements needs = requirements(spec, params);
+    const char *              key   = every > 0 ? "decode_compress" : "recompress_slack";
+    if (needs.full_queries) {
+        throw option_error(key, spec.name() + " scores with the queries of every token, which a compression after "
+                                              "the prompt does not keep");
+    }
+    if (every > 0 && every <= needs.n_window_queries) {
+        throw option_error(key, detail::format("--decode-compress %d must be larger than the window of %d", every,
+                                               needs.n_window_queries));
+    }
+}
+
 std::vector<method_info> list_methods() {
     std::vector<method_info> out;
     for (const scorer_entry & e : scorer_registry()) {

@@ -64,7 +64,7 @@ void set_method(const option_info &, compression & c, const option_value & v) {
 
 using option_kind::choice, option_kind::integer, option_kind::method, option_kind::number, option_kind::path;
 using option_record::always, option_record::never, option_record::unless_default;
-constexpr unsigned k_m = scope_method, k_p = scope_prefill;
+constexpr unsigned k_m = scope_method, k_p = scope_prefill, k_d = scope_decode, k_t = scope_turns;
 
 const std::vector<option_info> & table() {
     // Columns: {key, short name, kind, lo, hi, lo_open, choices, unset, help}, scope, record, client, get, set.
@@ -113,6 +113,16 @@ const std::vector<option_info> & table() {
             "prefill N cells at a time, compressing after each chunk: the KV cache never holds more than the budget "
             "plus one chunk per head (0: the whole prompt, then compress)" },
           k_p, unless_default, true, get_int<&compression::chunk>, set_int<&compression::chunk> },
+        { { "decode_compress", 0, integer, 0, 1 << 24, false, {}, "",
+            "compress again to the budget every N cells decoded after the prompt (questions and answers; the newest "
+            "as the window), so that a long answer stays bounded (0: never)" },
+          k_d, unless_default, true, get_int<&compression::decode_compress>,
+          set_int<&compression::decode_compress> },
+        { { "recompress_slack", 0, integer, -1, 1 << 24, false, {}, "",
+            "after each answer, compress a conversation again to the budget (its last turn kept whole) when a KV "
+            "head holds more than budget + N entries besides that turn (-1: never)" },
+          k_t, unless_default, true, get_int<&compression::recompress_slack>,
+          set_int<&compression::recompress_slack> },
     };
     // clang-format on
     return rows;
@@ -304,9 +314,14 @@ void compression::validate() const {
         return;
     }
     params.validate(method_window(spec, params));
-    check_range(find_option("chunk"), int64_t(chunk));
+    for (const char * key : { "chunk", "decode_compress", "recompress_slack" }) {
+        check_range(find_option(key), get_option(*this, key));
+    }
     if (chunk > 0) {
         check_chunk(spec, params, chunk);
+    }
+    if (decode_compress > 0 || recompress_slack >= 0) {
+        check_recompression(spec, params, decode_compress);
     }
 }
 

@@ -66,7 +66,7 @@ TEST(options, the_defaults_are_the_method_parameters_defaults) {
     EXPECT_TRUE(std::holds_alternative<std::monostate>(ecokv::get_option(c, "floor_ratio")));
     EXPECT_EQ(c.key(), "uniform+ecokv budget=64 window=- kernel=5 pool=avg alpha=0.8 beta=0.6 tau=0 centroid=all "
                        "mixkv_scale=attention ecokv_weights=equations floor_ratio=- pyramid_beta=20 theta=0.9 sinks=4 "
-                       "head_scores=- seed=0 merge=none chunk=0");
+                       "head_scores=- seed=0 merge=none chunk=0 decode_compress=0 recompress_slack=-1");
     EXPECT_EQ(compression::none().key(), "full");
     EXPECT_EQ(compression::none().name(), "full");
     EXPECT_FALSE(ecokv::compression_named("full").enabled);

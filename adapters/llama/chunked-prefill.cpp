@@ -117,38 +117,34 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
         throw error("extend: " + std::to_string(n_new) + " new cells must fit the room of " + std::to_string(q.n_extra) +
                     " and outnumber the window of " + std::to_string(n_window));
     }
-    const auto     t_eval       = std::chrono::steady_clock::now();
-    const uint64_t query_before = q.capture->bytes_to_host();
+    const auto t_eval = std::chrono::steady_clock::now();
     {
         const recording rec(*q.capture);
         q.capture->expect_tokens(q.capture->n_tokens() + n_new);
         q.eval(*p.impl_, from, to, to < p.units().size());
     }
     q.prefill_s += seconds_since(t_eval);
-    const uint8_t * new_modality = p.modality().empty() ? nullptr : p.modality().data() + first;
-    q.reselect(first, n_new, new_modality, spec, params, n_room, q.capture->bytes_to_host() - query_before);
+    q.reselect(spec, params, n_room);
 }
 
-void sequence::impl::reselect(int32_t first, int32_t n_new, const uint8_t * new_modality, const method_spec & spec,
-                              const method_params & params, int32_t n_room, uint64_t query_bytes) {
-    impl & q = *this;
+void sequence::impl::reselect(const method_spec & spec, const method_params & params, int32_t n_room,
+                              int32_t n_keep_last) {
+    impl &        q     = *this;
+    const int32_t first = q.cells_seen, n_new = int32_t(q.decoded_modality.size());
     q.note_peak();
     // The candidates: each head's kept cells, then the new ones, whose last queries are the window.
     const auto              t_capture = std::chrono::steady_clock::now();
-    const ragged_candidates cand(q.ctx.get(), q.layout, q.n_extra, n_new, requirements(spec, params).values);
+    const ragged_candidates cand(q.ctx.get(), q.layout, q.ragged_room, n_new, requirements(spec, params).values);
     capture_view            cap = chunk_capture(q.s->model, *q.capture, n_new);
     cap.heads                   = cand.heads();
     cap.head_dim_v              = int32_t(cap.heads[0].values.ne[0]);
-    const uint8_t text          = uint8_t(modality::text);
     for (size_t i = 0; i < cap.heads.size(); ++i) {
         for (int32_t c = 0; c < n_new; ++c) {
             q.kept_cells[i].push_back(first + c);
         }
         if (!q.kept_modality.empty()) {  // new cells of a multimodal sequence: the prompt's, or decoded text
             std::vector<uint8_t> & m = q.kept_modality[i];
-            for (int32_t c = 0; c < n_new; ++c) {
-                m.push_back(new_modality ? new_modality[c] : text);
-            }
+            m.insert(m.end(), q.decoded_modality.begin(), q.decoded_modality.end());
             cap.heads[i].modality = m;
         }
         cap.n_tokens = std::max(cap.n_tokens, int32_t(q.kept_cells[i].size()));
@@ -156,23 +152,28 @@ void sequence::impl::reselect(int32_t first, int32_t n_new, const uint8_t * new_
     q.cells_seen = first + n_new;
     compression_info info;
     info.capture_seconds = seconds_since(t_capture);
-    info.bytes_to_host   = cand.bytes_to_host() + query_bytes;
+    info.bytes_to_host   = cand.bytes_to_host() + q.capture->bytes_to_host() - q.query_bytes_mark;
+    q.query_bytes_mark   = q.capture->bytes_to_host();
     auto             t0 = std::chrono::steady_clock::now();
-    info.sel            = q.naming_model([&] { return ecokv::compress(cap, spec, params, { int32_t(q.cparams.n_threads) }); });
+    const compress_options opts = { int32_t(q.cparams.n_threads), n_keep_last };
+    info.sel = q.naming_model([&] { return ecokv::compress(cap, spec, params, opts); });
     info.select_seconds = seconds_since(t0);
     t0                  = std::chrono::steady_clock::now();
     const uint64_t before = llama::kv_bytes_allocated(q.ctx.get());
     context_ptr fresh = q.rebuilds_in_new_context() ? q.replacement_context(n_room) : nullptr;
     make_ragged(fresh ? fresh.get() : q.ctx.get(), cap, info.sel, n_room, q.n_past - 1,
-                { q.ctx.get(), cap.n_kv_heads, q.layout, q.n_extra });
+                { q.ctx.get(), cap.n_kv_heads, q.layout, q.ragged_room });
     if (fresh) {
         q.ctx        = std::move(fresh);
         q.ran_graphs = false;
     }
     info.rebuild_seconds = seconds_since(t0);
 
-    q.n_extra = n_room;
-    q.layout  = ragged_layout(info.sel);
+    q.n_extra     = n_room;
+    q.ragged_room = n_room;
+    q.decoded_modality.clear();
+    q.origin_decoded = 0;
+    q.layout         = ragged_layout(info.sel);
     q.n_cells = int32_t(*std::max_element(q.layout.begin(), q.layout.end()));
     q.kv_kept = info.sel.kv_bytes_kept;
     for (size_t i = 0; i < q.kept_cells.size(); ++i) {
@@ -200,6 +201,17 @@ void sequence::impl::reselect(int32_t first, int32_t n_new, const uint8_t * new_
     release_free_heap();
 }
 
+void sequence::record_queries() {
+    impl & q = *impl_;
+    if (!q.capture || q.capture->n_queries() < 2) {
+        throw error("record_queries: the sequence has no query capture (prefill it with method requirements, or "
+                    "resume it with window queries)");
+    }
+    q.capture->set_active(true);
+    q.capture->expect_tokens(-1);  // one query row a step, each read as it comes
+    q.records_decoded = true;
+}
+
 generation sequence::answer_compressing(const std::vector<llama_token> & question, int32_t n, int32_t every,
                                         const method_spec & spec, const method_params & params) {
     impl & q = *impl_;
@@ -207,29 +219,18 @@ generation sequence::answer_compressing(const std::vector<llama_token> & questio
         throw error("--decode-compress: the sequence must be compressed with its query capture (compressed in place "
                     "after the prompt, or a chunked prefill)");
     }
-    const method_requirements needs = requirements(spec, params);
-    if (needs.full_queries) {
-        throw error("--decode-compress: " + spec.name() + " scores with the queries of every token, which a "
-                    "re-compression during the answer does not keep");
+    check_recompression(spec, params, every);
+    const int32_t since = int32_t(q.decoded_modality.size());
+    if (every > q.ragged_room || since + int32_t(question.size()) >= q.ragged_room) {
+        throw error("--decode-compress " + std::to_string(every) + ": with the question's " +
+                    std::to_string(question.size()) + " tokens, must fit the room of " +
+                    std::to_string(q.ragged_room - since) + " new tokens");
     }
-    const int32_t n_window = method_window(spec, params);
-    if (every <= n_window || every > q.n_extra || int32_t(question.size()) >= q.n_extra) {
-        throw error("--decode-compress " + std::to_string(every) + ": must be larger than the window of " +
-                    std::to_string(n_window) + " and, with the question's " + std::to_string(question.size()) +
-                    " tokens, fit the room of " + std::to_string(q.n_extra) + " new tokens");
-    }
+    const bool recorded = q.records_decoded;
+    record_queries();
     const llama_vocab * vocab = llama_model_get_vocab(q.s->model);
-    const recording     rec(*q.capture);
-    q.capture->expect_tokens(-1);  // one query row a step, each read as it comes
-    int32_t first = std::max(q.cells_seen, q.n_prompt), since = 0;
-    const auto decode = [&](const std::vector<llama_token> & tokens) {
-        const uint64_t query_before = q.capture->bytes_to_host();
-        q.decode(tokens);
-        since += int32_t(tokens.size());
-        q.decoded_query_bytes += q.capture->bytes_to_host() - query_before;
-    };
     if (!question.empty()) {
-        decode(question);
+        q.decode(question);
     }
     generation out;
     const auto t0 = std::chrono::steady_clock::now();
@@ -239,16 +240,34 @@ generation sequence::answer_compressing(const std::vector<llama_token> & questio
         if (llama_vocab_is_eog(vocab, t) || i + 1 == n) {
             break;
         }
-        if (since >= every) {  // the room holds `every` cells: select again before the next one
-            q.reselect(first, since, nullptr, spec, params, every, q.decoded_query_bytes);
-            q.decoded_query_bytes = 0;
-            first += since;
-            since = 0;
+        if (int32_t(q.decoded_modality.size()) >= every) {  // the room holds `every` cells: select again first
+            q.reselect(spec, params, every);
         }
-        decode({ t });
+        q.decode({ t });
     }
     out.seconds = seconds_since(t0);
+    if (!recorded) {
+        q.capture->set_active(false);
+        q.records_decoded = false;
+    }
     return out;
+}
+
+bool sequence::recompress(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t slack,
+                          int32_t n_room) {
+    impl & q = *impl_;
+    if (q.layout.empty() || !q.records_decoded || q.kept_cells.size() != q.layout.size()) {
+        throw error("recompress: the sequence must be compressed (with the kept cells of a snapshot, when resumed) "
+                    "and record the queries of what it decodes (record_queries)");
+    }
+    const int32_t n_new = int32_t(q.decoded_modality.size());
+    n_keep              = std::clamp(n_keep, 0, n_new);
+    const int32_t held  = *std::max_element(q.layout.begin(), q.layout.end()) + n_new - n_keep;
+    if (held <= params.budget + slack || n_new <= method_window(spec, params)) {
+        return false;  // within its allowance, or too few new cells to observe
+    }
+    q.reselect(spec, params, n_room, n_keep);
+    return true;
 }
 
 }  // namespace ecokv::llama

@@ -45,12 +45,21 @@ class llama_engine final : public eval_engine {
         return a;
     }
 
+    // With decode_compress the answer compresses again as it goes, from a prefill of its own that keeps the window's
+    // queries (one chunk unless chunked); each step's cache then depends on the tokens picked before, so no teacher-
+    // forced fidelity is measured.
     eval_answer answer_compressed(const compression & how) override {
-        sequence         c = how.chunk > 0 ? s_.prefill_chunked(*prompt_, how.chunk, how.spec, how.params, n_extra_)
-                                            : full_->compress(how.spec, how.params, n_extra_, true);
-        const generation g = c.answer(question_, n_predict_);
-        c.rewind();
-        const fidelity_report f = c.fidelity(question_, reference_);
+        const bool       again = how.decode_compress > 0;
+        const int32_t    chunk = how.chunk > 0 ? how.chunk : again ? prompt_->n_cells() : 0;
+        sequence         c = chunk > 0 ? s_.prefill_chunked(*prompt_, chunk, how.spec, how.params, n_extra_)
+                                       : full_->compress(how.spec, how.params, n_extra_, true);
+        const generation g = again ? c.answer_compressing(question_, n_predict_, how.decode_compress, how.spec, how.params)
+                                   : c.answer(question_, n_predict_);
+        fidelity_report  f;
+        if (!again) {
+            c.rewind();
+            f = c.fidelity(question_, reference_);
+        }
         eval_answer           a;
         a.output         = s_.detokenize(g.tokens);
         a.decode_s       = g.seconds;

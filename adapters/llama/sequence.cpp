@@ -68,6 +68,11 @@ void sequence::impl::become_compressed(const impl & full, compressed_cache && cc
     logits = origin_logits = full.origin_logits;
     own_logits = origin_own = false;  // the prefill computed them on the full cache
     kv_kept    = cc.sel.kv_bytes_kept;
+    cells_seen = full.n_prompt;
+    decoded_modality.clear();
+    origin_decoded   = 0;
+    ragged_room      = n_extra;
+    query_bytes_mark = capture ? capture->bytes_to_host() : 0;
     kept_cells.clear();
     kept_modality.clear();
     for (const auto & layer : cc.sel.layers) {
@@ -88,7 +93,7 @@ int32_t sequence::impl::head_cells() const {
     if (layout.empty()) {
         return int32_t(llama::kv_bytes_allocated(ctx.get()) / llama::kv_bytes_per_cell(ctx.get()));
     }
-    return int32_t(*std::max_element(layout.begin(), layout.end())) + 1 + n_extra;
+    return int32_t(*std::max_element(layout.begin(), layout.end())) + 1 + ragged_room;
 }
 
 context_ptr sequence::impl::replacement_context(int32_t n_cells) const {
@@ -110,6 +115,7 @@ void sequence::impl::decode(const std::vector<llama_token> & tokens) {
     logits     = consistent([&] { return llama::decode(ctx.get(), tokens, n_past); });
     n_past    += llama_pos(tokens.size());
     own_logits = true;
+    note_decoded(tokens.size());
 }
 
 void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool may_end_with_image) {
@@ -119,6 +125,7 @@ void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool 
         return;
     }
     const llama_pos start      = n_past;
+    const size_t    decoded    = decoded_modality.size();
     bool            image_last = false;
     try {
         size_t unit = 0;
@@ -149,6 +156,9 @@ void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool 
             }
             n_past     = next;
             image_last = true;
+            note_decoded(mtmd_input_chunk_get_n_tokens(c), uint8_t(mtmd_input_chunk_get_type(c) ==
+                                                                   MTMD_INPUT_CHUNK_TYPE_AUDIO ? modality::audio
+                                                                                               : modality::image));
         }
         if (image_last && !may_end_with_image) {  // libmtmd computes no logits for image embeddings: this throws
             logits     = last_logits(ctx.get());
@@ -157,6 +167,7 @@ void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool 
     } catch (...) {  // as decode(): nothing of this call stays
         llama_memory_seq_rm(llama_get_memory(ctx.get()), 0, start, -1);
         n_past = start;
+        decoded_modality.resize(decoded);
         throw;
     }
 }
@@ -167,6 +178,7 @@ void sequence::impl::advance(size_t n_decoded) {
         own_logits = true;
     }
     n_past += llama_pos(n_decoded);
+    note_decoded(n_decoded);
 }
 
 sequence::sequence(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -221,7 +233,10 @@ sequence session::prefill_units(const prompt & p, size_t n_units, int32_t n_extr
 }
 
 int32_t                    sequence::n_cells() const { return impl_->n_cells; }
-int32_t sequence::n_held() const { return impl_->n_cells + int32_t(impl_->n_past - impl_->origin_n_past); }
+int32_t sequence::n_held() const {
+    return impl_->layout.empty() ? impl_->n_cells + int32_t(impl_->n_past - impl_->origin_n_past)
+                                 : impl_->n_cells + int32_t(impl_->decoded_modality.size());
+}
 llama_pos                  sequence::n_past() const { return impl_->n_past; }
 const std::vector<float> & sequence::logits() const { return impl_->logits; }
 int32_t                    sequence::n_prompt() const { return impl_->n_prompt; }
@@ -344,6 +359,7 @@ void sequence::rewind() {
         throw error("llama.cpp cannot remove the decoded tokens of this sequence");
     }
     impl_->n_past     = impl_->origin_n_past;
+    impl_->decoded_modality.resize(impl_->origin_decoded);
     impl_->logits     = impl_->origin_logits;
     impl_->own_logits = impl_->origin_own;
 }

@@ -81,8 +81,14 @@ struct sequence::impl {
     std::vector<std::vector<uint8_t>> kept_modality;  // and their modality (empty for a text prompt)
     int32_t                           peak_cells = 0;
     uint64_t                          peak_bytes = 0;
-    int32_t  cells_seen = 0;           // cells numbered so far (kept_cells' numbers): the prompt's, then decoded ones
-    uint64_t decoded_query_bytes = 0;  // query rows read from a device since the last re-compression of an answer
+    // A compressed sequence's cells since its last compression, the candidates a re-compression adds: their modality
+    // in order (decode, eval and advance append), numbered on from cells_seen; the room its ragged cache was made with.
+    int32_t              cells_seen = 0;  // cells numbered before them (kept_cells' numbers): the prompt's, ...
+    std::vector<uint8_t> decoded_modality;
+    size_t               origin_decoded = 0;  // of them at the origin (rewind() comes back to it)
+    int32_t              ragged_room    = 0;
+    bool                 records_decoded = false;  // the capture records the queries of every cell decoded
+    uint64_t             query_bytes_mark = 0;     // the capture's bytes_to_host at the last compression
 
     int32_t              n_prompt = 0, n_media = 0;
     std::vector<uint8_t> modality;
@@ -123,11 +129,17 @@ struct sequence::impl {
     // (fresh_context_per_compression says why).
     bool rebuilds_in_new_context() const { return ran_graphs && fresh_context_per_compression(); }
 
-    // Compresses again in place over what each (layer, KV head) keeps and the n_new cells decoded last, numbered from
-    // `first` (modality new_modality[c], or text when null), whose last captured queries are the window; leaves room
-    // for n_room tokens. The rows read are counted in comp.bytes_to_host with query_bytes (the new cells' queries).
-    void reselect(int32_t first, int32_t n_new, const uint8_t * new_modality, const method_spec & spec,
-                  const method_params & params, int32_t n_room, uint64_t query_bytes);
+    // Compresses again in place over what each (layer, KV head) keeps and the cells decoded since the last compression
+    // (decoded_modality), whose last captured queries are the window, the last n_keep_last of them kept whole; leaves
+    // room for n_room tokens. The rows read are counted in comp.bytes_to_host with the queries read since.
+    void reselect(const method_spec & spec, const method_params & params, int32_t n_room, int32_t n_keep_last = 0);
+
+    // n cells of `m` decoded (compressed sequences count them for reselect).
+    void note_decoded(size_t n, uint8_t m = 0) {
+        if (!layout.empty()) {
+            decoded_modality.insert(decoded_modality.end(), n, m);
+        }
+    }
 
     // Records the memory held now, plus `transient` bytes held a moment before together with it.
     void note_peak(uint64_t transient = 0);

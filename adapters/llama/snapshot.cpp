@@ -38,7 +38,7 @@ void write_state(llama_context * ctx, const snapshot & s, int32_t n_room) {
 
 }  // namespace
 
-sequence session::resume(const snapshot & s, int32_t n_extra, bool probe) const {
+sequence session::resume(const snapshot & s, int32_t n_extra, bool probe, int32_t n_window_queries) const {
     auto q            = std::make_unique<sequence::impl>();
     q->s              = impl_.get();
     q->cparams        = context_params(impl_->opts, s.n_cells + n_extra);
@@ -46,14 +46,17 @@ sequence session::resume(const snapshot & s, int32_t n_extra, bool probe) const 
     q->n_extra        = n_extra;
     q->kv_kept        = s.kv_bytes_kept;
     llama_context_params cp = q->cparams;
-    if (probe) {
-        q->capture = std::make_unique<query_capture>(model(), 1, false);
+    if (probe || n_window_queries > 0) {
+        q->capture = std::make_unique<query_capture>(model(), std::max(1, n_window_queries), false);
         q->capture->set_active(false);
         q->capture->attach(cp);
     }
     q->ctx = new_context(model(), cp);
     sequence out(std::move(q));
     out.restore(s);
+    if (n_window_queries > 0) {
+        out.record_queries();
+    }
     return out;
 }
 
@@ -67,6 +70,12 @@ snapshot sequence::save() const {
     s.n_cells        = int32_t(state_cell_count(s.state));
     s.n_past         = impl_->n_past;
     s.kv_bytes_kept  = kv_bytes_kept();
+    if (!s.layout.empty()) {
+        s.kept_cells       = impl_->kept_cells;
+        s.kept_modality    = impl_->kept_modality;
+        s.cells_seen       = impl_->cells_seen;
+        s.decoded_modality = impl_->decoded_modality;
+    }
     return s;
 }
 
@@ -91,6 +100,16 @@ void sequence::restore(const snapshot & s) {
         throw;
     }
     impl_->layout         = s.layout;
+    impl_->ragged_room    = s.layout.empty() ? 0 : int32_t(state_cell_count(s.state)) - 1 + impl_->n_extra;
+    impl_->kept_cells     = s.kept_cells;
+    impl_->kept_modality  = s.kept_modality;
+    impl_->cells_seen     = s.cells_seen;
+    impl_->decoded_modality = s.decoded_modality;
+    if (!s.layout.empty() && s.decoded_modality.empty()) {  // a snapshot without bookkeeping: decoded text
+        impl_->decoded_modality.assign(size_t(state_cell_count(s.state)) - 1, uint8_t(modality::text));
+    }
+    impl_->origin_decoded = impl_->decoded_modality.size();
+    impl_->query_bytes_mark = impl_->capture ? impl_->capture->bytes_to_host() : 0;
     impl_->n_cells        = s.layout.empty() ? s.n_cells : int32_t(*std::max_element(s.layout.begin(), s.layout.end()));
     impl_->kv_kept        = s.kv_bytes_kept;
     impl_->logits         = impl_->origin_logits = s.logits;

@@ -25,6 +25,9 @@ struct compression {
     method_spec   spec    = default_method();  // the registry's default method
     method_params params;
     int32_t       chunk = 0;                   // chunked prefill: cells per chunk (0: the whole prompt, then compress)
+    int32_t       decode_compress  = 0;        // compress again every N cells decoded after the prompt (0: never)
+    int32_t       recompress_slack = -1;       // a conversation over budget + slack entries besides its last turn is
+                                               // compressed again after each answer (-1: never)
 
     static compression none();  // the full cache
     // "full" or the canonical method name ("uniform+ecokv").
@@ -33,8 +36,9 @@ struct compression {
     // order ("uniform+ecokv budget=64 window=- ... chunk=0"; "-" where the method's default applies). Two
     // compressions with the same key compress alike.
     std::string key() const;
-    // Every range of the table, then the rules between options (budget > window, a chunk larger than the window,
-    // no chunked h2o). Throws option_error naming the option. A disabled compression is always valid.
+    // Every range of the table, then the rules between options (budget > window, a chunk or a decode-compress
+    // period larger than the window, no h2o chunked or compressed again). Throws option_error naming the option. A
+    // disabled compression is always valid.
     void validate() const;
 };
 
@@ -64,6 +68,8 @@ enum class option_kind {
 enum option_scope : unsigned {
     scope_method  = 1u << 0,  // ecokv compress, analyze, run, eval, serve, the benches
     scope_prefill = 1u << 1,  // run, eval, serve, bench-prefill (chunk)
+    scope_decode  = 1u << 2,  // run, eval, serve: compression while an answer grows the cache (decode_compress)
+    scope_turns   = 1u << 3,  // serve: compression between the turns of a conversation (recompress_slack)
 };
 
 // How eval's config.json records an option (results depend on every option recorded).

@@ -101,9 +101,9 @@ TEST(run, a_re_compressing_answer_stays_bounded) {
     for (const auto & [args, message] :
          std::vector<std::pair<std::vector<std::string>, std::string>>{
              { { "-m", "full", "--decode-compress", "16" }, "--decode-compress re-compresses one answer of a compressed" },
-             { { "-m", "snapkv", "--decode-compress", "16", "--question", "a", "--question", "b" }, "at most one --question" },
-             { { "-m", "snapkv", "--decode-compress", "-1" }, "--decode-compress -1 must be 0 (never) or a count" },
-             { { "-m", "snapkv", "--decode-compress", "16" }, "--decode-compress 16: must be larger than the window of 32" },
+             { { "-m", "snapkv", "--decode-compress", "40", "--question", "a", "--question", "b" }, "at most one --question" },
+             { { "-m", "snapkv", "--decode-compress", "-1" }, "--decode-compress -1 must lie in [0, 16777216]" },
+             { { "-m", "snapkv", "--decode-compress", "16" }, "--decode-compress 16 must be larger than the window of 32" },
              { { "-m", "h2o", "--decode-compress", "16" }, "uniform+h2o scores with the queries of every token" } }) {
         std::vector<std::string> a = { "run", "--model", k_model, "-f", k_prompt, "-n", "64" };
         a.insert(a.end(), args.begin(), args.end());
@@ -200,8 +200,9 @@ TEST(run, bad_input_gives_a_clear_error) {
 TEST(run, every_option_row_is_a_flag) {
     temp_dir dir;
     const std::map<std::string, unsigned> commands = {
-        { "run", ecokv::scope_method | ecokv::scope_prefill },  { "serve", ecokv::scope_method | ecokv::scope_prefill },
-        { "eval", ecokv::scope_method | ecokv::scope_prefill }, { "analyze", ecokv::scope_method },
+        { "run", ecokv::scope_method | ecokv::scope_prefill | ecokv::scope_decode },
+        { "serve", ecokv::scope_method | ecokv::scope_prefill | ecokv::scope_decode | ecokv::scope_turns },
+        { "eval", ecokv::scope_method | ecokv::scope_prefill | ecokv::scope_decode }, { "analyze", ecokv::scope_method },
         { "compress", ecokv::scope_method } };
     for (const auto & [command, scopes] : commands) {
         const run_result r = run_cli(dir.path().string(), { command, "--help" });

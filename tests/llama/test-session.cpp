@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <thread>
 
@@ -260,10 +261,71 @@ TEST(session, a_re_compressing_answer_refuses_what_it_cannot_do) {
     };
     EXPECT_NE(message(full, 12, "snapkv").find("must be compressed with its query capture"), std::string::npos);
     full.compress_in_place(spec, par);
-    EXPECT_EQ(message(full, 4, "snapkv"), "--decode-compress 4: must be larger than the window of 4 and, with the "
-                                          "question's 0 tokens, fit the room of 24 new tokens");
+    EXPECT_EQ(message(full, 4, "snapkv"), "--decode-compress 4 must be larger than the window of 4");
     EXPECT_NE(message(full, 25, "snapkv").find("fit the room of 24"), std::string::npos);
     EXPECT_NE(message(full, 12, "h2o").find("h2o scores with the queries of every token"), std::string::npos);
+}
+
+// A conversation compressed again after its second turn (recompress), across a snapshot as the server keeps it: the
+// prompt (40 cells) compressed to 16 per head; turn 1 (a 6-token message, 7 answer tokens decoded) and turn 2 (10 and
+// 7) appended, the second after save() and resume(); then 16 + 13 entries besides the last turn's 17 (more where
+// AdaKV gave a head more) exceed budget + slack, so every head keeps the best 12 of what it held before cell 53
+// (budget 16 less the window of 4, which lies inside the turn), then all of cells 53..69. The next token's logits are the reference's where cells
+// 40..69 saw what the prompt's compression kept plus themselves and cell 70 sees what the re-compression kept.
+TEST(session, a_conversation_compresses_again_with_its_last_turn_whole) {
+    const fixture f;
+    const auto    tokens = prompt_tokens(40, f.m.config().n_vocab, 25);
+    const auto    p      = f.s.make_prompt(tokens);
+    for (const char * name : { "snapkv+ecokv", "adakv+ecokv" }) {
+        const ecokv::method_spec   spec = ecokv::parse_method(name);
+        const ecokv::method_params par  = budget(16, 4);
+        el::sequence               first = f.s.prefill(p, 24, ecokv::requirements(spec, par));
+        first.compress_in_place(spec, par);
+        first.record_queries();
+        std::vector<std::vector<std::vector<int32_t>>> kept = { first.kept_cells() };
+        std::vector<int32_t>                           all  = tokens;
+        const auto turn = [&](el::sequence & s, const std::vector<int32_t> & message) {
+            const el::generation g = s.answer(message, 8);
+            EXPECT_EQ(g.tokens.size(), 8u) << name << ": no end-of-generation token on this seed";
+            all.insert(all.end(), message.begin(), message.end());
+            all.insert(all.end(), g.tokens.begin(), g.tokens.end() - 1);  // the last token picked is not decoded
+        };
+        turn(first, prompt_tokens(6, f.m.config().n_vocab, 26));
+        EXPECT_FALSE(first.recompress(spec, par, 13, 4, 18)) << "16 entries besides the turn: within the slack";
+        el::sequence seq = f.s.resume(first.save(), 18, false, 4);
+        turn(seq, prompt_tokens(10, f.m.config().n_vocab, 27));
+        ASSERT_EQ(all.size(), 70u);
+        EXPECT_EQ(seq.n_held(), seq.n_cells() + 30);
+        // The longest head holds n_cells() + 13 entries besides the turn: compressed again above budget + slack only.
+        const int32_t slack = seq.n_cells() + 13 - par.budget;
+        EXPECT_FALSE(seq.recompress(spec, par, 17, slack, 8)) << name;
+        ASSERT_TRUE(seq.recompress(spec, par, 17, slack - 1, 8)) << name;
+        kept.push_back(seq.kept_cells());
+        size_t total = 0;
+        for (const auto & h : kept.back()) {
+            ASSERT_GE(h.size(), 17u);
+            EXPECT_EQ(std::vector<int32_t>(h.end() - 17, h.end()), [] {
+                std::vector<int32_t> turn2(17);
+                std::iota(turn2.begin(), turn2.end(), 53);
+                return turn2;
+            }()) << name << ": the last turn is kept whole";
+            EXPECT_LT(h[h.size() - 18], 53);
+            total += h.size() - 17;
+        }
+        if (std::string(name) == "snapkv+ecokv") {
+            EXPECT_EQ(total, kept.back().size() * 12) << "the best 12 before the turn, in every head";
+        } else {
+            EXPECT_LE(total, kept.back().size() * 12) << "12 a head on average, moved between heads by AdaKV";
+        }
+        seq.decode({ 9 });
+        all.push_back(9);
+        EXPECT_LT(rel_diff(seq.logits(), reference_logits(f.m, all, text_positions(71),
+                                                          chunked_visibility({ 40, 70 }, kept, 2))),
+                  logit_rel_tolerance)
+            << name;
+        EXPECT_GT(rel_diff(seq.logits(), reference_logits(f.m, all, text_positions(71))), 3 * logit_rel_tolerance)
+            << name << ": the evictions should show";
+    }
 }
 
 // prefill_chunked() is those steps; its KV cache peaks at llama.cpp's smallest (256 cells) where one shot allocates

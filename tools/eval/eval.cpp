@@ -88,7 +88,7 @@ int ecokv_eval(int argc, char ** argv) {
         // clang-format on
         // --methods and --budgets are lists of the table's method and budget; --image-max-tokens N is the
         // smaller-image baseline, reported by ecokv report in budget N's column.
-        ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill, {},
+        ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill | ecokv::scope_decode, {},
                                               { "method", "budget" });
         ecokv::tools::add_engine_options(options);
         const auto parsed = ecokv::tools::parse_engine_command(options, argc, argv);

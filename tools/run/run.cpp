@@ -23,7 +23,6 @@ struct run_options {
     ecokv::tools::prompt_options prompt;
     ecokv::compression           c;
     int32_t                      n_predict    = 32;
-    int32_t                      decode_compress = 0;  // re-compress every N decoded cells (0: never)
     bool                         compare_full = false;
     bool                         json         = false;
     bool                         budget_given = false;  // the main job compresses to 100 entries unless told
@@ -43,14 +42,11 @@ bool parse(int argc, char ** argv, run_options & o) {
     options.add_options()
         ("n,n-predict", "tokens to generate", cxxopts::value<int32_t>()->default_value("32"))
         ("compare-full", "also decode with the full cache: greedy agreement and mean KL")
-        ("decode-compress", "compress again to the budget every N cells decoded (question and answer; the newest as the "
-                            "window), so that a long answer stays bounded (0: never)",
-         cxxopts::value<int32_t>()->default_value("0"))
         ("dump-capture", "write the prefill capture (SPEC §7) to this file", cxxopts::value<std::string>())
         ("json", "print one JSON object")
         ("h,help", "show this help");
     // clang-format on
-    ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill);
+    ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill | ecokv::scope_decode);
     const auto parsed = ecokv::tools::parse_engine_command(options, argc, argv);
     if (!parsed) {
         return false;
@@ -69,11 +65,7 @@ bool parse(int argc, char ** argv, run_options & o) {
         throw error("-n " + std::to_string(o.n_predict) + " must lie in [1, 1000000]");
     }
     o.compare_full = args.count("compare-full") > 0;
-    o.decode_compress = args["decode-compress"].as<int32_t>();
-    if (o.decode_compress < 0) {
-        throw error("--decode-compress " + std::to_string(o.decode_compress) + " must be 0 (never) or a count of cells");
-    }
-    if (o.decode_compress > 0 && (full_cache || o.prompt.main_job || o.prompt.questions.size() > 1)) {
+    if (args.count("decode-compress") && (full_cache || o.prompt.main_job || o.prompt.questions.size() > 1)) {
         throw error("--decode-compress re-compresses one answer of a compressed cache: give a method and at most one "
                     "--question (each re-compression replaces the cache the next question would start from)");
     }
@@ -106,14 +98,14 @@ answered answer(const el::session & s, el::sequence & comp, el::sequence * full,
                 const std::vector<llama_token> & question, const run_options & o) {
     answered a;
     comp.rewind();
-    a.gen = o.decode_compress > 0
-                ? comp.answer_compressing(question, o.n_predict, o.decode_compress, o.c.spec, o.c.params)
+    a.gen = o.c.decode_compress > 0
+                ? comp.answer_compressing(question, o.n_predict, o.c.decode_compress, o.c.spec, o.c.params)
                 : comp.answer(question, o.n_predict);
     a.j = { { "text", s.detokenize(a.gen.tokens) } };
     if (full != nullptr) {
         full->rewind();
         const el::reference ref = { full->answer(question, o.n_predict, true), {} };
-        if (o.decode_compress == 0) {
+        if (o.c.decode_compress == 0) {
             comp.rewind();
             a.fidelity = comp.fidelity(question, ref);
         }
@@ -167,7 +159,7 @@ json run(const run_options & o) {
         if (!o.c.enabled) {  // --method full: answered from the prefill's own cache
             compressed.emplace(std::move(*full));
             full.reset();
-        } else if (o.compare_full && o.decode_compress == 0) {
+        } else if (o.compare_full && o.c.decode_compress == 0) {
             compressed.emplace(full->compress(o.c.spec, o.c.params, n_extra));
             full->release_capture();
         } else {  // a re-compressing answer needs the in-place cache, which keeps the query capture
@@ -213,7 +205,7 @@ json run(const run_options & o) {
     // After the answers: a re-compressing answer (--decode-compress) moved the peak and what the cache keeps.
     out["peak_kv_cells"]       = comp.peak_kv_cells();
     out["peak_kv_bytes"]       = comp.peak_kv_bytes();
-    out["decode_compress"]     = o.decode_compress;
+    out["decode_compress"]     = o.c.decode_compress;
     out["cells_held_end"]      = comp.n_held();  // the longest head: kept entries and the cells decoded since
     out["compress_s_end"]      = comp.compression().select_seconds + comp.compression().rebuild_seconds +
                             comp.compression().capture_seconds;

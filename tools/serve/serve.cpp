@@ -70,7 +70,8 @@ int ecokv_serve(int argc, char ** argv) {
             ("h,help", "show this help");
         // clang-format on
         // A request's kv_compression fields override the method options (and --chunk) per conversation.
-        ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill);
+        ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill |
+                                                           ecokv::scope_decode | ecokv::scope_turns);
         ecokv::tools::add_engine_options(options);
         const auto parsed = ecokv::tools::parse_engine_command(options, argc, argv);
         if (!parsed) {

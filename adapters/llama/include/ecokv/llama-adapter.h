@@ -44,6 +44,7 @@ class query_capture {
     // Recording ends after this many tokens in all (the prompt's, or a chunk's end): rows before its last n_queries
     // are then not read from the graph, unless every query is kept. Without it, each batch's last n_queries are read.
     void        expect_tokens(int32_t n_total);
+    int32_t     n_queries() const;               // window rows kept
     uint64_t    bytes_to_host() const;           // query rows read from device memory
     int32_t     n_tokens() const;                // prompt tokens recorded
     std::string error() const;                   // why recording failed (allocation), or empty

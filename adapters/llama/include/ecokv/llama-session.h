@@ -131,13 +131,26 @@ class prompt {
 struct snapshot {
     std::vector<uint8_t>  state;               // llama_state_seq_get_data of the sequence
     std::vector<uint32_t> layout;              // a compressed cache's kept entries per (layer, KV head), or empty
+    // A compressed cache's bookkeeping, so that a resumed one compresses again: the cells each head keeps and their
+    // modality (sequence::kept_cells), the cells numbered before those decoded since, and these cells' modality.
+    std::vector<std::vector<int32_t>> kept_cells;
+    std::vector<std::vector<uint8_t>> kept_modality;
+    int32_t                           cells_seen = 0;
+    std::vector<uint8_t>              decoded_modality;
     std::vector<float>    logits;              // distribution of the next token
     bool                  own_logits    = true;  // false: computed on the full cache before compression
     int32_t               n_cells       = 0;   // cells: a compressed cache's label cell and the tokens decoded since
     llama_pos             n_past        = 0;   // next position
     uint64_t              kv_bytes_kept = 0;
 
-    size_t bytes() const { return state.size() + layout.size() * sizeof(uint32_t) + logits.size() * sizeof(float); }
+    size_t bytes() const {
+        size_t n = state.size() + layout.size() * sizeof(uint32_t) + logits.size() * sizeof(float) +
+                   decoded_modality.size();
+        for (size_t i = 0; i < kept_cells.size(); ++i) {
+            n += kept_cells[i].size() * sizeof(int32_t) + (i < kept_modality.size() ? kept_modality[i].size() : 0);
+        }
+        return n;
+    }
 };
 
 // The full cache's answer to one question, kept as the reference of every compressed cache: tokens, the
@@ -209,8 +222,9 @@ class session {
     // Only the first n_units units of the prompt when given (append() the rest later).
     sequence prefill(const prompt & p, int32_t n_extra, const method_requirements & needs,
                      size_t n_units = size_t(-1)) const;
-    // A new sequence holding `s`, with room for n_extra more tokens.
-    sequence resume(const snapshot & s, int32_t n_extra, bool probe = false) const;
+    // A new sequence holding `s`, with room for n_extra more tokens. With n_window_queries, the queries of the last
+    // that many cells it decodes are recorded (sequence::record_queries), so that a compressed one can compress again.
+    sequence resume(const snapshot & s, int32_t n_extra, bool probe = false, int32_t n_window_queries = 0) const;
 
     // Prefills `p` chunk by chunk so that no KV head ever holds more than the budget plus one chunk (and llama.cpp's
     // padding): chunks of at most n_chunk cells (an image is never split; a chunk not longer than the method's
@@ -278,8 +292,21 @@ class sequence {
     // chunk of a chunked prefill, over what each KV head keeps and those cells, whose last queries are the window, with
     // room left for the next `every`. The sequence's origin moves with each re-compression (rewind() comes back to the
     // last one). `every` must exceed the window and fit the room; methods that read every query (h2o) are refused.
+    // Cells decoded before the call (a resumed conversation's last turn) are candidates of the first re-compression.
     generation answer_compressing(const std::vector<llama_token> & question, int32_t n, int32_t every,
                                   const method_spec & spec, const method_params & params);
+    // From now on, the queries of every cell decoded are recorded (the last ones kept, as many as the capture holds:
+    // the prefill's window, or resume()'s n_window_queries), for recompress(). Throws without such a capture.
+    void record_queries();
+    // A conversation's re-compression after an answer (docs/conversations.md): when a KV head of this compressed
+    // sequence holds more than budget + slack entries besides the last n_keep cells decoded (the last turn: its
+    // message with the chat template's tokens, and the answer), compresses it again in place over what each head
+    // holds (kept entries and every cell decoded since the last compression), those n_keep cells kept whole beside
+    // the budget and the newest cells' queries as the window; leaves room for n_room tokens. Needs record_queries()
+    // since the last compression. Returns whether it compressed (not when the cells decoded since do not outnumber the
+    // window).
+    bool recompress(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t slack,
+                    int32_t n_room);
     // The cells each (layer, KV head) of a compressed sequence keeps, ascending (the prompt's cells first, then those
     // decoded after it, numbered on); empty when uncompressed.
     const std::vector<std::vector<int32_t>> & kept_cells() const;
