@@ -255,19 +255,35 @@ generation sequence::answer_compressing(const std::vector<llama_token> & questio
 
 bool sequence::recompress(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t slack,
                           int32_t n_room) {
-    impl & q = *impl_;
-    if (q.layout.empty() || !q.records_decoded || q.kept_cells.size() != q.layout.size()) {
-        throw error("recompress: the sequence must be compressed (with the kept cells of a snapshot, when resumed) "
-                    "and record the queries of what it decodes (record_queries)");
+    const impl &  q     = *impl_;
+    const int32_t n_new = n_decoded();
+    if (q.layout.empty() || n_new <= method_window(spec, params)) {
+        return false;  // nothing to compress again, or too few new cells to observe
     }
-    const int32_t n_new = int32_t(q.decoded_modality.size());
-    n_keep              = std::clamp(n_keep, 0, n_new);
-    const int32_t held  = *std::max_element(q.layout.begin(), q.layout.end()) + n_new - n_keep;
-    if (held <= params.budget + slack || n_new <= method_window(spec, params)) {
-        return false;  // within its allowance, or too few new cells to observe
+    n_keep             = std::clamp(n_keep, 0, n_new);
+    const int64_t held = int64_t(*std::max_element(q.layout.begin(), q.layout.end())) + n_new - n_keep;
+    if (held <= int64_t(params.budget) + slack) {
+        return false;
     }
-    q.reselect(spec, params, n_room, n_keep);
+    compress_again(spec, params, n_keep, n_room);
     return true;
 }
+
+void sequence::compress_again(const method_spec & spec, const method_params & params, int32_t n_keep,
+                              int32_t n_room) {
+    impl & q = *impl_;
+    if (q.layout.empty() || !q.records_decoded || q.kept_cells.size() != q.layout.size()) {
+        throw error("compress_again: the sequence must be compressed (with the kept cells of a snapshot, when "
+                    "resumed) and record the queries of what it decodes (record_queries)");
+    }
+    check_recompression(spec, params, 0);
+    if (const int32_t window = method_window(spec, params); n_decoded() <= window) {
+        throw error("compress_again: " + std::to_string(n_decoded()) + " cells decoded since the last compression; " +
+                    spec.name() + " needs more than its window of " + std::to_string(window));
+    }
+    q.reselect(spec, params, n_room, std::clamp(n_keep, 0, n_decoded()));
+}
+
+int32_t sequence::n_decoded() const { return int32_t(impl_->decoded_modality.size()); }
 
 }  // namespace ecokv::llama

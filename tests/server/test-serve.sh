@@ -95,6 +95,34 @@ n200=$(cat "$DIR"/busy.*.status | grep -c 200 || true)
 grep -l 503 "$DIR"/busy.*.status | head -1 | sed 's/\.status$//' | xargs grep -q 'server_busy'
 echo "ok - a full server refuses with 503 ($n200 served, $n503 refused)"
 
+# A 20-turn conversation about the page (docs/conversations.md): compressed again after each answer with
+# recompress_slack 16, the longest head holds at most budget + slack + that turn's cells after every turn (asserted by
+# conversation.mjs) and every turn is a hit; appended instead, the same conversation grows with every turn.
+URL=http://127.0.0.1:$(cat "$DIR/main.port")
+node "$ROOT/tests/server/conversation.mjs" "$URL" "$ROOT/models/tiny-vlm-sample.png" 20 64 16 > "$DIR/bounded.jsonl"
+node "$ROOT/tests/server/conversation.mjs" "$URL" "$ROOT/models/tiny-vlm-sample.png" 20 64 -1 > "$DIR/appended.jsonl"
+python3 - "$DIR/bounded.jsonl" "$DIR/appended.jsonl" <<'PY'
+import json, sys
+bounded, appended = ([json.loads(line) for line in open(f)] for f in sys.argv[1:])
+peak = max(t["entries_held"] for t in bounded)
+assert sum(t["recompressions"] for t in bounded) >= 10, bounded
+assert peak <= 64 + 16 + max(t["turn_cells"] for t in bounded[1:]), peak
+assert appended[-1]["entries_held"] > 4 * 64, appended[-1]
+assert all(a["entries_held"] < b["entries_held"] for a, b in zip(appended, appended[1:])), "appended turns grow"
+print(f"ok - 20 turns: at most {peak} entries a head with re-compression, {appended[-1]['entries_held']} appended")
+PY
+png64=$(base64 -w0 "$ROOT/models/tiny-vlm-sample.png")
+long="{\"max_tokens\":16,\"kv_compression\":{\"decode_compress\":6},\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,$png64\"}},{\"type\":\"text\",\"text\":\"Read all text.\"}]}]}"
+curl -s -H 'Content-Type: application/json' --data-binary "$long" "$URL/v1/chat/completions" | python3 -c '
+import json, sys
+u = json.load(sys.stdin)["usage"]
+# 64 kept after the prompt; the question and 15 answer tokens decoded, compressed again to the budget whenever 6
+# cells were decoded since: never more than 64 + 6 entries a head.
+assert u["kv_recompressions"] >= 2 and u["kv_entries_held"] <= 64 + 6, u
+print("ok - decode_compress 6: %d re-compressions, %d entries a head after 16 tokens" % (u["kv_recompressions"], u["kv_entries_held"]))'
+expect 400 "recompress_slack with h2o" '{"kv_compression": {"method": "h2o", "recompress_slack": 4}, "messages": [{"role": "user", "content": "hi"}]}'
+expect 400 "decode_compress within the window" '{"kv_compression": {"decode_compress": 2}, "messages": [{"role": "user", "content": "hi"}]}'
+
 # A quantized cache (-ctk/-ctv q8_0) under eviction: a row of 32 elements is 34 bytes against F16's 64, so with the
 # same layout (uniform budget 64 per head, the same room) the allocation is 34/64 of the F16 server's; the kept
 # conversation is resumed by a follow-up turn.

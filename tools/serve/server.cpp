@@ -171,7 +171,9 @@ struct chat_server::turn {
     chat_request                               req;
     std::vector<uint64_t>                      key;
     std::shared_ptr<const cached_conversation> kept;
+    compression                                how;
     int32_t                                    prompt_cells = 0, cached_cells = 0;
+    int32_t                                    turn_cells   = 0;  // this request's cells decoded so far (its message)
     double                                     prefill_s    = 0;
     std::string                                id, model;
     int64_t                                    created = 0;
@@ -450,10 +452,15 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
     t->key                 = keyed(c.key(), units);
     const auto         t0  = clock_type::now();
     const auto         hit = cache_.find(t->key);
+    // A compressed conversation that compresses again (decode_compress, recompress_slack) records its window's queries.
+    const bool    again    = c.enabled && (c.decode_compress > 0 || c.recompress_slack >= 0);
+    const int32_t n_window = again ? requirements(c.spec, c.params).n_window_queries : 0;
     if (hit) {  // continue the kept conversation: only the units after it are prefilled
         const size_t from = hit->units.size() - 1;
         t->cached_cells   = p->cells_before(from);
-        t->seq.emplace(s_.resume(hit->snap, t->prompt_cells - t->cached_cells + r.max_tokens));
+        t->turn_cells     = t->prompt_cells - t->cached_cells;
+        t->seq.emplace(s_.resume(hit->snap, t->turn_cells + r.max_tokens, false,
+                                 hit->snap.layout.empty() ? 0 : n_window));
         t->seq->append(*p, from);
         ++stats_->hits;
     } else {  // prefill what comes before the question, compress it, then the question
@@ -465,7 +472,9 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
         }
         const int32_t context_cells = p->cells_before(split);
         const int32_t n_extra       = t->prompt_cells - context_cells + r.max_tokens;
-        const bool    compress      = c.enabled && context_cells > c.params.budget;
+        // A conversation that will compress again is held compressed (ragged) from its start, even within the budget.
+        const bool    compress      = c.enabled && context_cells > (again ? n_window : c.params.budget);
+        t->turn_cells               = t->prompt_cells - context_cells;
         if (compress && c.chunk > 0) {  // the cache never holds more than the budget plus one chunk
             t->seq.emplace(s_.prefill_chunked(*p, c.chunk, c.spec, c.params, n_extra, split));
         } else {
@@ -474,6 +483,9 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
             if (compress) {
                 t->seq->compress_in_place(c.spec, c.params);
             }
+        }
+        if (compress && again) {
+            t->seq->record_queries();
         }
         if (split < units.size()) {
             t->seq->append(*p, split);
@@ -491,6 +503,7 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
     cache_.put(kept, hit.get());
     t->kept = std::move(kept);
     t->req  = std::move(r);
+    t->how  = c;
     return t;
 }
 
@@ -528,6 +541,7 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
     std::vector<llama_token> out;
     std::string              text, finish = "length";
     size_t                   sent = 0, n_decoded = 0;
+    int32_t                  recompressions = 0;
     bool                     alive = true;
     const auto               t0    = clock_type::now();
     try {
@@ -560,6 +574,10 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
                 break;
             }
             if (i + 1 < r.max_tokens && alive) {
+                if (t.how.decode_compress > 0 && t.seq->n_decoded() >= t.how.decode_compress) {
+                    t.seq->compress_again(t.how.spec, t.how.params, 0, t.how.decode_compress);
+                    ++recompressions;
+                }
                 t.seq->decode({ tok });
                 ++n_decoded;
             }
@@ -576,13 +594,27 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
         ++stats_->cancelled;
         return;
     }
-    // The conversation with its answer, for the next turn.
+    // The conversation with its answer, for the next turn: compressed again first when it holds more than budget +
+    // slack entries besides this turn (docs/conversations.md). Should that fail, the answer still goes out, and the
+    // conversation is not kept.
+    bool keep = true;
+    try {
+        if (t.how.enabled && t.how.recompress_slack >= 0 &&
+            t.seq->recompress(t.how.spec, t.how.params, t.turn_cells + int32_t(n_decoded), t.how.recompress_slack, 1)) {
+            ++recompressions;
+        }
+    } catch (const std::exception &) {
+        ++stats_->errors;
+        keep = false;
+    }
     auto kept = std::make_shared<cached_conversation>();
     kept->units = t.key;
     kept->units.insert(kept->units.end(), out.begin(), out.begin() + ptrdiff_t(n_decoded));
     kept->snap       = t.seq->save();
     kept->full_bytes = uint64_t(t.prompt_cells + int32_t(n_decoded)) * t.seq->kv_bytes_per_cell();
-    cache_.put(kept, t.kept.get());
+    if (keep) {
+        cache_.put(kept, t.kept.get());
+    }
 
     const json usage = {
         { "prompt_tokens", t.prompt_cells },
@@ -592,6 +624,8 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
         { "prefilled_tokens", t.prompt_cells - t.cached_cells },
         { "kv_bytes_kept", held_bytes(*t.seq, kept->snap) },
         { "kv_bytes_allocated", t.seq->kv_bytes_allocated() },
+        { "kv_entries_held", t.seq->n_held() },
+        { "kv_recompressions", recompressions },
         { "kv_bytes_full", uint64_t(t.prompt_cells + int32_t(out.size())) * t.seq->kv_bytes_per_cell() },
     };
     if (r.stream) {

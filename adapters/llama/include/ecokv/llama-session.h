@@ -307,6 +307,11 @@ class sequence {
     // window).
     bool recompress(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t slack,
                     int32_t n_room);
+    // recompress() whatever the entries held (a server's decode_compress, every N cells of an answer); throws when the
+    // cells decoded since the last compression do not outnumber the window.
+    void compress_again(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t n_room);
+    // Cells decoded since the last compression of a compressed sequence (0 for an uncompressed one).
+    int32_t n_decoded() const;
     // The cells each (layer, KV head) of a compressed sequence keeps, ascending (the prompt's cells first, then those
     // decoded after it, numbered on); empty when uncompressed.
     const std::vector<std::vector<int32_t>> & kept_cells() const;
