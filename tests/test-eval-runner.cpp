@@ -189,11 +189,14 @@ TEST(eval_runner, config_records_every_option_row) {
     f.o.settings.params.mixkv_scale   = ecokv::mixkv_scale_kind::importance;  // every unless_default row changed
     f.o.settings.params.ecokv_weights = ecokv::ecokv_weights_kind::figure3;
     f.o.settings.chunk                = 64;
+    f.o.settings.decode_compress      = 40;
     f.o.engine                      = { { "flash_attn", std::string("off") }, { "image_max_tokens", int64_t(50) } };
     ecokv::plan_eval(f.o);
     const json config = json::parse(read_file(f.o.out_dir + "/config.json"));
     for (const ecokv::option_info & o : ecokv::compression_options()) {
-        EXPECT_EQ(config.contains(o.key), o.record != ecokv::option_record::never) << o.key;
+        if (o.key != "recompress_slack") {  // --turns only: below
+            EXPECT_EQ(config.contains(o.key), o.record != ecokv::option_record::never) << o.key;
+        }
     }
     EXPECT_EQ(config["window"], 36);
     EXPECT_EQ(config["floor_ratio"], nullptr);  // the method's default
@@ -204,7 +207,114 @@ TEST(eval_runner, config_records_every_option_row) {
     runner_fixture d;  // defaults: the options added later are absent, as in directories written before them
     ecokv::plan_eval(d.o);
     const json plain = json::parse(read_file(d.o.out_dir + "/config.json"));
-    for (const char * later : { "mixkv_scale", "ecokv_weights", "chunk", "flash_attn", "image_max_tokens" }) {
+    for (const char * later : { "mixkv_scale", "ecokv_weights", "chunk", "decode_compress", "recompress_slack", "turns",
+                                "flash_attn", "image_max_tokens" }) {
         EXPECT_FALSE(plain.contains(later)) << later;
     }
+    runner_fixture t;
+    t.o.turns                     = true;
+    t.o.mode                      = ecokv::eval_mode::agnostic;
+    t.o.settings.recompress_slack = 8;
+    ecokv::plan_eval(t.o);
+    const json turns = json::parse(read_file(t.o.out_dir + "/config.json"));
+    EXPECT_EQ(turns["recompress_slack"], 8);
+    EXPECT_EQ(turns["turns"], true);
+    EXPECT_EQ(turns["mode"], "agnostic");
+}
+
+// --turns: consecutive items about one context are one conversation (here 3 turns about "page A", 2 about "page B",
+// 1 about "page A" again, which is a new conversation); the engine is asked each conversation once with the full
+// cache and once per (method, budget); each turn's record carries its number, the entries held and whether its
+// answer is the full conversation's; shards take whole conversations.
+namespace {
+
+class conversing_engine : public scripted_engine {
+  public:
+    std::vector<std::pair<std::vector<std::string>, std::string>> asked;  // (item ids, "full" or the method)
+
+    std::vector<ecokv::eval_turn> converse(const std::vector<ecokv::eval_item> & turns, const ecokv::compression * c,
+                                           int32_t) override {
+        std::vector<std::string> ids;
+        std::vector<ecokv::eval_turn> out;
+        for (size_t i = 0; i < turns.size(); ++i) {
+            ids.push_back(turns[i].id);
+            ecokv::eval_turn t;
+            // The full cache answers right; compressed, the second turn goes wrong.
+            t.answer.output       = c && i == 1 ? "wrong" : turns[i].answers.at(0);
+            t.answer.entries_held = c ? c->params.budget + int32_t(i) : 100 + 10 * int32_t(i);
+            out.push_back(t);
+        }
+        asked.emplace_back(ids, c ? c->name() : "full");
+        return out;
+    }
+};
+
+struct turns_fixture : runner_fixture {
+    turns_fixture() {
+        fs::create_directories(dir / "data");
+        write_file(dir / "data/items.jsonl",
+                   R"({"id": "a1", "image": [], "context": "page A", "question": "q1", "answers": ["1"], "type": "t"}
+{"id": "a2", "image": [], "context": "page A", "question": "q2", "answers": ["2"], "type": "t"}
+{"id": "a3", "image": [], "context": "page A", "question": "q3", "answers": ["3"], "type": "t"}
+{"id": "b1", "image": [], "context": "page B", "question": "q1", "answers": ["4"], "type": "t"}
+{"id": "b2", "image": [], "context": "page B", "question": "q2", "answers": ["5"], "type": "t"}
+{"id": "c1", "image": [], "context": "page A", "question": "q1", "answers": ["6"], "type": "t"}
+)");
+        o.dataset  = "generated";
+        o.data_dir = dir / "data";
+        o.limit    = 0;
+        o.methods  = { "full", "mixkv" };
+        o.budgets  = { 64 };
+        o.turns    = true;
+        o.mode     = ecokv::eval_mode::agnostic;
+    }
+};
+
+}  // namespace
+
+TEST(eval_runner, turns_ask_each_conversation_once_per_cache) {
+    turns_fixture     f;
+    conversing_engine engine;
+    ecokv::run_eval(ecokv::plan_eval(f.o), engine);
+    using ids = std::vector<std::string>;
+    ASSERT_EQ(engine.asked.size(), 6u);  // 3 conversations x (the full cache, mixkv at 64)
+    EXPECT_EQ(engine.asked[0], std::make_pair(ids{ "a1", "a2", "a3" }, std::string("full")));
+    EXPECT_EQ(engine.asked[1], std::make_pair(ids{ "a1", "a2", "a3" }, std::string("uniform+mixkv")));
+    EXPECT_EQ(engine.asked[2].first, (ids{ "b1", "b2" }));
+    EXPECT_EQ(engine.asked[4].first, (ids{ "c1" }));
+    EXPECT_TRUE(engine.prefilled.empty()) << "no single-question prefill";
+    const auto recs = f.records();
+    ASSERT_EQ(recs.size(), 12u);  // 6 items x 2 caches
+    for (const json & r : recs) {
+        const bool    full = r["method"] == "full";
+        const int32_t turn = r["turn"].get<int32_t>();
+        EXPECT_EQ(r["turn"], r["id"].get<std::string>()[1] - '0') << r.dump();
+        EXPECT_EQ(r["entries_held"], full ? 100 + 10 * (turn - 1) : 64 + turn - 1);
+        EXPECT_EQ(r["score"], full || turn != 2 ? 1.0 : 0.0) << r.dump();
+        EXPECT_EQ(r["same_as_full"], full || turn != 2) << r.dump();
+    }
+    // Resumed: nothing left; shards take whole conversations (conversations 0 and 2 in shard 0 of 2).
+    conversing_engine again;
+    ecokv::run_eval(ecokv::plan_eval(f.o), again);
+    EXPECT_TRUE(again.asked.empty());
+    f.o.out_dir  = f.dir / "sharded";
+    f.o.n_shards = 2;
+    const ecokv::eval_plan shard0 = ecokv::plan_eval(f.o);
+    EXPECT_EQ(shard0.conversations, (std::vector<size_t>{ 3, 1 }));
+    ASSERT_EQ(shard0.items.size(), 4u);
+    EXPECT_EQ(shard0.items[3].id, "c1");
+}
+
+TEST(eval_runner, turns_options_are_checked) {
+    turns_fixture f;
+    f.o.mode = ecokv::eval_mode::prompt;
+    EXPECT_EQ(error_of([&] { ecokv::plan_eval(f.o); }),
+              "--turns asks each question after the context is compressed: it takes --mode agnostic");
+    f.o.mode                      = ecokv::eval_mode::agnostic;
+    f.o.turns                     = false;
+    f.o.settings.recompress_slack = 8;
+    EXPECT_EQ(error_of([&] { ecokv::plan_eval(f.o); }),
+              "--recompress-slack compresses a conversation again between its turns: it needs --turns");
+    scripted_engine plain;  // an engine without the protocol says so
+    EXPECT_EQ(error_of([&] { plain.converse({}, nullptr, 4); }), "this engine has no multi-turn protocol (--turns)");
 }

@@ -3,11 +3,17 @@
 // reference.
 #include "ecokv/llama-eval.h"
 
+#include <algorithm>
+#include <chrono>
 #include <optional>
 
 namespace ecokv::llama {
 
 namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 class llama_engine final : public eval_engine {
   public:
@@ -70,6 +76,84 @@ class llama_engine final : public eval_engine {
         a.mean_kl        = f.n ? std::optional<double>(f.mean_kl) : std::nullopt;
         a.attn_rel_error = f.attn_rel_error;
         return a;
+    }
+
+    std::vector<eval_turn> converse(const std::vector<eval_item> & turns, const compression * c,
+                                    int32_t n_predict) override {
+        full_.reset();  // the single-question state is the next prefill's
+        prompt_.reset();
+        const bool again = c != nullptr && c->recompress_slack >= 0;
+        const method_requirements needs = c ? requirements(c->spec, c->params) : method_requirements{};
+        std::vector<chat_message> messages;
+        std::vector<eval_turn>    out;
+        std::optional<sequence>   seq;
+        std::optional<snapshot>   kept;
+        std::vector<uint64_t>     held;  // the units the conversation's cache holds
+        for (size_t k = 0; k < turns.size(); ++k) {
+            const eval_item & it = turns[k];
+            const std::string context = with_media_markers(turns[0].context, turns[0].images.size());
+            messages.push_back({ "user", k == 0 ? context + "\n" + it.question : it.question });
+            const prompt p = s_.make_prompt(s_.chat_text(messages), turns[0].images);
+            eval_turn    t;
+            t.prefill.image_tokens  = out.empty() ? 0 : out[0].prefill.image_tokens;  // the context's, every turn
+            t.prefill.kv_bytes_full = out.empty() ? 0 : out[0].prefill.kv_bytes_full;
+            const auto   t0 = std::chrono::steady_clock::now();
+            size_t       from = 0;
+            if (k == 0) {  // the context, compressed, then the question
+                const prompt before = s_.make_prompt(s_.split_prompt(context).context, turns[0].images);
+                from = size_t(std::mismatch(before.units().begin(), before.units().end(), p.units().begin(),
+                                            p.units().end()).first - before.units().begin());
+                const int32_t n_extra = p.n_cells() - p.cells_before(from) + n_predict;
+                seq.emplace(s_.prefill(p, n_extra, needs, from));
+                t.prefill.image_tokens  = seq->n_media();
+                t.prefill.kv_bytes_full = seq->kv_bytes_allocated();
+                if (c) {
+                    seq->compress_in_place(c->spec, c->params);
+                    t.answer.compress_s = seq->compression().select_seconds + seq->compression().rebuild_seconds;
+                    if (again) {
+                        seq->record_queries();
+                    }
+                }
+            } else {  // the kept conversation, resumed; only the new units decoded
+                from = held.size();
+                if (p.units().size() <= from || !std::equal(held.begin(), held.end(), p.units().begin())) {
+                    throw error("the chat template does not extend the conversation at turn " + std::to_string(k + 1) +
+                                ": --turns needs each prompt to begin with the one before and its answer");
+                }
+                seq.emplace(s_.resume(*kept, p.n_cells() - p.cells_before(from) + n_predict, false,
+                                      again && !kept->layout.empty() ? needs.n_window_queries : 0));
+            }
+            const int32_t turn_cells = p.n_cells() - p.cells_before(from);
+            seq->append(p, from);
+            t.prefill.prompt_tokens     = p.n_cells();
+            t.prefill.prefill_s         = seconds_since(t0);
+            t.prefill.kv_bytes_per_cell = seq->kv_bytes_per_cell();
+            const generation g = seq->greedy(n_predict);
+            const size_t n_decoded = g.tokens.empty() ? 0 : g.tokens.size() - 1;  // the last token picked is not
+            std::vector<llama_token> answer(g.tokens.begin(), g.tokens.end());     // decoded; an EOG is not text
+            if (!answer.empty() && s_.is_end_of_generation(answer.back())) {
+                answer.pop_back();
+            }
+            t.answer.output   = s_.detokenize(answer);
+            t.answer.decode_s = g.seconds;
+            if (again) {
+                const auto t1 = std::chrono::steady_clock::now();
+                seq->recompress(c->spec, c->params, turn_cells + int32_t(n_decoded), c->recompress_slack, 1);
+                t.answer.compress_s += seconds_since(t1);
+            }
+            t.answer.kv_bytes      = seq->kv_bytes_allocated();
+            t.answer.kv_bytes_kept = seq->kv_bytes_kept() + uint64_t(seq->n_decoded()) * seq->kv_bytes_per_cell();
+            if (!c) {
+                t.answer.kv_bytes_kept = uint64_t(seq->n_held()) * seq->kv_bytes_per_cell();
+            }
+            t.answer.entries_held  = seq->n_held();
+            held.assign(p.units().begin(), p.units().end());
+            held.insert(held.end(), g.tokens.begin(), g.tokens.begin() + ptrdiff_t(n_decoded));
+            kept = seq->save();
+            messages.push_back({ "assistant", t.answer.output });
+            out.push_back(std::move(t));
+        }
+        return out;
     }
 
   private:

@@ -111,6 +111,9 @@ json config_of(const eval_options & o, const metric_info & metric) {
         { "mmproj_hash", o.projector.empty() ? json(nullptr) : json(content_hash(o.projector)) },
         { "n_predict", o.n_predict },
     };
+    if (o.turns) {  // recorded only when on: directories written before --turns existed resume
+        config["turns"] = true;
+    }
     static const compression defaults;
     for (const option_info & row : compression_options()) {
         const option_value v = row.get(row, o.settings);
@@ -264,7 +267,92 @@ json record(const eval_item & item, const std::string & method, int32_t budget, 
     return rec;
 }
 
+// --turns: the sizes of the runs of consecutive items about the same context (images and text).
+std::vector<size_t> conversation_sizes(const std::vector<eval_item> & items) {
+    std::vector<size_t> sizes;
+    for (size_t i = 0; i < items.size(); ++i) {
+        const bool same = i > 0 && items[i].images == items[i - 1].images && items[i].context == items[i - 1].context;
+        if (same) {
+            ++sizes.back();
+        } else {
+            sizes.push_back(1);
+        }
+    }
+    return sizes;
+}
+
+// --turns: every conversation of the plan asked with the full cache, then with each (method, budget) that has a turn
+// left; each turn's record adds its number, the longest head's entries after it, and whether its answer is the full
+// cache conversation's.
+void run_conversations(const eval_plan & plan, eval_engine & engine, std::ofstream & out,
+                       const eval_progress & progress) {
+    const eval_options & o     = plan.options;
+    size_t               first = 0;
+    for (const size_t n : plan.conversations) {
+        if (progress) {
+            progress(first, plan.items.size());
+        }
+        const std::vector<eval_item> turns(plan.items.begin() + ptrdiff_t(first), plan.items.begin() + ptrdiff_t(first + n));
+        first += n;
+        std::vector<std::pair<std::string, int32_t>> todo;
+        for (const std::string & m : o.methods) {
+            for (int32_t b : is_full_cache(m) ? std::vector<int32_t>{ 0 } : o.budgets) {
+                if (std::any_of(turns.begin(), turns.end(), [&](const eval_item & t) { return !plan.done.count(key(t.id, m, b)); })) {
+                    todo.emplace_back(m, b);
+                }
+            }
+        }
+        if (todo.empty()) {
+            continue;
+        }
+        auto fail = [&](const std::string & method, int32_t budget, const error & e) {
+            if (o.strict) {
+                throw error("conversation of item '" + turns[0].id + "': " + e.what());
+            }
+            for (const eval_item & t : turns) {
+                if (!plan.done.count(key(t.id, method, budget))) {
+                    append(out, plan, failed_record(t, method, budget, e.what()));
+                }
+            }
+        };
+        std::vector<eval_turn> full;
+        try {
+            full = engine.converse(turns, nullptr, o.n_predict);
+        } catch (const error & e) {
+            for (const auto & [method, budget] : todo) {
+                fail(method, budget, e);
+            }
+            continue;
+        }
+        for (const auto & [method, budget] : todo) {
+            compression c   = compression_named(method, o.settings);
+            c.params.budget = budget;
+            std::vector<eval_turn> got;
+            try {
+                got = c.enabled ? engine.converse(turns, &c, o.n_predict) : full;
+            } catch (const error & e) {
+                fail(method, budget, e);
+                continue;
+            }
+            for (size_t i = 0; i < turns.size(); ++i) {
+                if (plan.done.count(key(turns[i].id, method, budget))) {
+                    continue;
+                }
+                json rec            = record(turns[i], method, budget, got[i].prefill, got[i].answer, *plan.metric);
+                rec["turn"]         = i + 1;
+                rec["entries_held"] = got[i].answer.entries_held;
+                rec["same_as_full"] = rec["prediction"] == answer_text(full[i].answer.output, plan.metric->whole_output);
+                append(out, plan, rec);
+            }
+        }
+    }
+}
+
 }  // namespace
+
+std::vector<eval_turn> eval_engine::converse(const std::vector<eval_item> &, const compression *, int32_t) {
+    throw error("this engine has no multi-turn protocol (--turns)");
+}
 
 std::string answer_text(const std::string & output, bool whole_output) {
     const std::string s = whole_output ? output : output.substr(0, output.find('\n'));
@@ -294,17 +382,34 @@ eval_plan plan_eval(const eval_options & options) {
         throw error("-n " + std::to_string(options.n_predict) + " must lie in [1, 1000000]");
     }
 
+    if (options.turns && options.mode != eval_mode::agnostic) {
+        throw error("--turns asks each question after the context is compressed: it takes --mode agnostic");
+    }
+    if (options.settings.recompress_slack >= 0 && !options.turns) {
+        throw error("--recompress-slack compresses a conversation again between its turns: it needs --turns");
+    }
+    if (options.settings.decode_compress > 0 && options.turns) {
+        throw error("--decode-compress and --turns together are not supported yet");
+    }
+
     std::vector<eval_item> items = load_dataset(data.name, options.data_dir);
     if (options.limit > 0 && size_t(options.limit) < items.size()) {
         items.resize(size_t(options.limit));
     }
-    for (size_t i = 0; i < items.size(); ++i) {
-        if (plan.metric->needs_type && items[i].type.empty()) {  // else evaluate() would throw after the first answer
+    for (const eval_item & it : items) {
+        if (plan.metric->needs_type && it.type.empty()) {  // else evaluate() would throw after the first answer
             throw error("metric " + plan.metric->name + " needs each item's question type; " + data.name + " item '" +
-                        items[i].id + "' has none");
+                        it.id + "' has none");
         }
-        if (int32_t(i % size_t(options.n_shards)) == options.shard) {
-            plan.items.push_back(std::move(items[i]));
+    }
+    // Shards take whole conversations (--turns; else every item is one).
+    const std::vector<size_t> sizes = options.turns ? conversation_sizes(items) : std::vector<size_t>(items.size(), 1);
+    size_t                    at    = 0;
+    for (size_t k = 0; k < sizes.size(); at += sizes[k++]) {
+        if (int32_t(k % size_t(options.n_shards)) == options.shard) {
+            plan.items.insert(plan.items.end(), std::make_move_iterator(items.begin() + ptrdiff_t(at)),
+                              std::make_move_iterator(items.begin() + ptrdiff_t(at + sizes[k])));
+            plan.conversations.push_back(sizes[k]);
         }
     }
 
@@ -329,7 +434,10 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
     if (!out) {
         throw error(plan.results_path + ": cannot open for writing (" + std::strerror(errno) + ")");
     }
-    for (size_t k = 0; k < plan.items.size(); ++k) {
+    if (o.turns) {
+        run_conversations(plan, engine, out, progress);
+    }
+    for (size_t k = 0; k < plan.items.size() && !o.turns; ++k) {
         if (progress) {
             progress(k, plan.items.size());
         }

@@ -202,7 +202,8 @@ TEST(run, every_option_row_is_a_flag) {
     const std::map<std::string, unsigned> commands = {
         { "run", ecokv::scope_method | ecokv::scope_prefill | ecokv::scope_decode },
         { "serve", ecokv::scope_method | ecokv::scope_prefill | ecokv::scope_decode | ecokv::scope_turns },
-        { "eval", ecokv::scope_method | ecokv::scope_prefill | ecokv::scope_decode }, { "analyze", ecokv::scope_method },
+        { "eval", ecokv::scope_method | ecokv::scope_prefill | ecokv::scope_decode | ecokv::scope_turns },
+        { "analyze", ecokv::scope_method },
         { "compress", ecokv::scope_method } };
     for (const auto & [command, scopes] : commands) {
         const run_result r = run_cli(dir.path().string(), { command, "--help" });

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <sstream>
 
 namespace {
 
@@ -207,3 +208,48 @@ TEST(tiny_qwen2vl, method_full_keeps_the_whole_cache) {
 }
 
 }  // namespace
+
+// eval --turns on the sample page's 4 questions, one conversation (docs/conversations.md): a budget covering every
+// cell of it (1000 > 509 + 4 turns) answers every turn as the full cache does and holds as many entries; at budget 100
+// compressed again after each answer (slack 0), the longest head never holds more than 100 + the turn's cells (its
+// message, at most the prompt's growth since the turn before, and at most 16 answer tokens).
+TEST(tiny_qwen2vl, eval_turns_asks_the_page_in_one_conversation) {
+    temp_dir                       dir;
+    const std::string              data = k_models + "/tiny-qwen2vl-sample";
+    const auto                     eval = [&](const std::string & out, std::vector<std::string> extra) {
+        std::vector<std::string> args = { "eval", "-t", "2", "--model", k_model, "--mmproj", k_mmproj, "--dataset",
+                                          "generated", "--data", data, "--turns", "--out", dir / out };
+        args.insert(args.end(), extra.begin(), extra.end());
+        const run_result r = run_cli(dir.path().string(), args);
+        EXPECT_EQ(r.code, 0) << describe(r);
+        std::vector<json> recs;
+        std::istringstream lines(read_file(dir / (out + "/results.jsonl")));
+        for (std::string line; std::getline(lines, line);) {
+            recs.push_back(json::parse(line));
+        }
+        return recs;
+    };
+    const auto covering = eval("cover", { "--methods", "full,snapkv+ecokv", "--budgets", "1000" });
+    ASSERT_EQ(covering.size(), 8u);
+    for (size_t i = 0; i < 4; ++i) {
+        const json &full = covering[i], &comp = covering[4 + i];
+        ASSERT_EQ(full["method"], "full");
+        EXPECT_EQ(full["turn"], i + 1);
+        EXPECT_EQ(comp["prediction"], full["prediction"]) << "turn " << i + 1;
+        EXPECT_EQ(comp["entries_held"], full["entries_held"]) << "turn " << i + 1;
+        EXPECT_EQ(comp["same_as_full"], true);
+    }
+    EXPECT_EQ(covering[0]["score"], 1.0) << "the first question, answered exactly (models/tiny-qwen2vl.md)";
+    const auto bounded = eval("bounded", { "--methods", "snapkv+ecokv", "--budgets", "100", "--recompress-slack", "0" });
+    ASSERT_EQ(bounded.size(), 4u);
+    for (size_t i = 1; i < 4; ++i) {
+        const int grown = bounded[i]["prompt_tokens"].get<int>() - bounded[i - 1]["prompt_tokens"].get<int>();
+        EXPECT_LE(bounded[i]["entries_held"].get<int>(), 100 + grown + 16) << "turn " << i + 1;
+    }
+    const run_result no_turns = run_cli(dir.path().string(), { "eval", "--model", k_model, "--dataset", "generated",
+                                                               "--data", data, "--methods", "snapkv", "--out",
+                                                               dir / "x", "--recompress-slack", "4" });
+    EXPECT_EQ(no_turns.code, 1);
+    EXPECT_TRUE(contains(no_turns.err, "--recompress-slack compresses a conversation again between its turns: it "
+                                       "needs --turns")) << describe(no_turns);
+}

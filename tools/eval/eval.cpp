@@ -77,6 +77,8 @@ int ecokv_eval(int argc, char ** argv) {
             ("budgets", "comma-separated budgets", cxxopts::value<std::string>()->default_value("64,128,256"))
             ("mode", "prompt: question inside the compressed prompt (the papers); agnostic: compress the context, then ask",
                 cxxopts::value<std::string>()->default_value("prompt"))
+            ("turns", "multi-turn: consecutive items about one context are one conversation, asked in order after the "
+                      "context is compressed (agnostic mode; docs/conversations.md)")
             ("limit", "only the first N items", cxxopts::value<int32_t>()->default_value("0"))
             ("shard", "i/n: this process runs items i, i+n, i+2n, ...", cxxopts::value<std::string>()->default_value("0/1"))
             ("n,n-predict", "answer tokens", cxxopts::value<int32_t>()->default_value("16"))
@@ -88,7 +90,8 @@ int ecokv_eval(int argc, char ** argv) {
         // clang-format on
         // --methods and --budgets are lists of the table's method and budget; --image-max-tokens N is the
         // smaller-image baseline, reported by ecokv report in budget N's column.
-        ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill | ecokv::scope_decode, {},
+        ecokv::tools::add_compression_options(options, ecokv::scope_method | ecokv::scope_prefill | ecokv::scope_decode |
+                                                           ecokv::scope_turns, {},
                                               { "method", "budget" });
         ecokv::tools::add_engine_options(options);
         const auto parsed = ecokv::tools::parse_engine_command(options, argc, argv);
@@ -111,7 +114,10 @@ int ecokv_eval(int argc, char ** argv) {
         o.dataset                   = args["dataset"].as<std::string>();
         o.data_dir                  = args["data"].as<std::string>();
         o.metric                    = args.count("metric") ? args["metric"].as<std::string>() : "";
-        o.mode                      = mode == "prompt" ? ecokv::eval_mode::prompt : ecokv::eval_mode::agnostic;
+        o.turns                     = args.count("turns") > 0;
+        // --turns asks after the context is compressed: agnostic unless a mode was named (which plan_eval checks)
+        o.mode = mode == "agnostic" || (o.turns && !args.count("mode")) ? ecokv::eval_mode::agnostic
+                                                                          : ecokv::eval_mode::prompt;
         o.methods                   = ecokv::tools::split_list(args["methods"].as<std::string>());
         o.budgets                   = parse_budgets(args["budgets"].as<std::string>());
         o.settings                  = ecokv::tools::compression_from(args);

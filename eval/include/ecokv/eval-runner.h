@@ -43,6 +43,13 @@ struct eval_answer {
     std::optional<double> mean_kl;
     std::vector<double>   attn_rel_error;    // per layer; empty when not measured
     uint64_t              kv_bytes_kept = 0; // of kv_bytes, the prompt's entries held (not the room for new tokens)
+    int32_t               entries_held  = 0; // --turns: entries of the longest KV head after the answer
+};
+
+// --turns: one turn of a conversation, its prompt (the whole conversation so far) and its answer.
+struct eval_turn {
+    eval_prefill prefill;  // prompt_tokens: the conversation's cells up to this question; prefill_s: this turn's
+    eval_answer  answer;
 };
 
 // What the runner needs of an engine: one item at a time, one prefill per item, any number of compressions of it.
@@ -56,6 +63,12 @@ class eval_engine {
     virtual eval_answer  answer_full()                                      = 0;
     // The answer from the item's prompt compressed with c (c.chunk > 0: from a chunked prefill of its own).
     virtual eval_answer  answer_compressed(const compression & c)          = 0;
+    // --turns: the items (questions about one context, in order) asked one after another in one conversation: the
+    // context prefilled and, with c, compressed before the first question; each later question appended after the
+    // answers before it, as a chat client sends them back; with c.recompress_slack >= 0 compressed again after each
+    // answer (docs/conversations.md). c null: the full cache. One turn per item.
+    virtual std::vector<eval_turn> converse(const std::vector<eval_item> & turns, const compression * c,
+                                            int32_t n_predict);
 };
 
 // Everything that decides a run. Every field that changes results is recorded in <out_dir>/config.json, and a
@@ -80,6 +93,10 @@ struct eval_options {
     std::string              model;           // files, recorded in config.json by name and content hash
     std::string              projector;
     bool                     strict = false;  // an item that cannot be processed stops the run (else: recorded)
+    // The multi-turn protocol: consecutive items about the same context (images and text) form one conversation,
+    // asked in order (eval_engine::converse); each turn is scored and compared with the full cache's conversation.
+    // Implies the agnostic mode.
+    bool                     turns  = false;
 };
 
 // A validated run: methods canonical, the items of this shard, the config, what was already done.
@@ -87,6 +104,7 @@ struct eval_plan {
     eval_options             options;
     const metric_info *      metric = nullptr;
     std::vector<eval_item>   items;           // this shard's items, in order
+    std::vector<size_t>      conversations;   // --turns: the items of each of this shard's conversations, in order
     method_requirements      needs;           // the union over methods (one capture serves all)
     std::string              results_path;
     std::string              config_id;       // hash of config.json, in every record: a record names its run
