@@ -208,8 +208,9 @@ def answer_cells(pages, question, answer):
 
 
 # --- items --------------------------------------------------------------------------------------------------
-def item(seed, task, n_fields=None):
-    """One sample: dict(pages=[page...], images=[array...], question, answer, type, context)."""
+def item(seed, task, n_fields=None, all_questions=False):
+    """One sample: dict(pages=[page...], images=[array...], question, answer, type, context); with all_questions also
+    all=[(q, a, type)...], every question of the task on the page in page order (the same random draws)."""
     rng = random.Random(seed)
     if task == "multi":
         return multi_item(rng)
@@ -224,8 +225,10 @@ def item(seed, task, n_fields=None):
     t = types.get(task) or fields[pick][3]
     # `others`: the page's other questions of the same task (training asks several per image)
     others = pairs[task][:pick] + pairs[task][pick + 1:]
-    return {"pages": [page], "images": [image], "question": q, "answer": a, "type": t, "context": "",
-            "others": others}
+    out = {"pages": [page], "images": [image], "question": q, "answer": a, "type": t, "context": "", "others": others}
+    if all_questions:
+        out["all"] = [(q, a, types.get(task) or fields[k][3]) for k, (q, a) in enumerate(pairs[task])]
+    return out
 
 
 def multi_item(rng):
@@ -305,6 +308,9 @@ def set_options(doc):
     ap.add_argument("--out", required=True)
     ap.add_argument("--task", choices=["qa", "read", "row", "multi"], default="qa")
     ap.add_argument("--fields", type=int, default=None, help="fields per page (default 4-7)")
+    ap.add_argument("--all-questions", action="store_true",
+                    help="one record per question of the task on each page, in page order (ids TASK-SEED-qK): "
+                         "a page's records are one conversation for ecokv eval --turns")
     return ap
 
 
@@ -320,7 +326,7 @@ def main():
     ap = set_options(__doc__)
     a = ap.parse_args()
     check_seeds(ap, a)
-    write_set(a.out, a.seed, a.count, a.task, a.fields)
+    write_set(a.out, a.seed, a.count, a.task, a.fields, lambda seed, task, n: item(seed, task, n, a.all_questions))
 
 
 if __name__ == "__main__":

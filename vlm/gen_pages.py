@@ -333,8 +333,6 @@ def png_bytes(img):
 def main():
     ap = gen_docs.set_options(__doc__)
     ap.add_argument("--scale", type=float, default=None, help="downscale pages by this factor (0 < F <= 1)")
-    ap.add_argument("--all-questions", action="store_true",
-                    help="one item per question of the task on each page (ids TASK-SEED-qK), not one chosen question")
     a = ap.parse_args()
     gen_docs.check_seeds(ap, a)
     if a.scale is not None and not 0 < a.scale <= 1:

@@ -85,4 +85,18 @@ with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, tem
     check(all(set(i) >= {"id", "image", "question", "answers", "type"} for i in items), "items.jsonl fields")
     check(gen_docs.FIRST_TRAIN_SEED == 1_000_000, "training seeds start at 1,000,000 (held-out: below)")
 
+    # --all-questions (ecokv eval --turns): a page's every question in page order, the same page and draws; each
+    # answer is on the page and the single item's question is one of them.
+    for seed in range(20):
+        one, every = gen_docs.item(seed, "qa", 5), gen_docs.item(seed, "qa", 5, all_questions=True)
+        asked = every["all"]
+        text = "\n".join(every["pages"][0])
+        ok = (every["pages"] == one["pages"] and len(asked) in (5, 6) and (one["question"], one["answer"]) in
+              [(q, a) for q, a, _ in asked] and all(a in text for _, a, _ in asked) and
+              len({q for q, _, _ in asked}) == len(asked))
+        if not ok:
+            check(False, f"seed {seed}: --all-questions {asked}")
+    check(True, "--all-questions with 5 fields: 5 distinct questions a page (6 where a table fills its rows), answers "
+                "on it, the item's among them")
+
 finish()
