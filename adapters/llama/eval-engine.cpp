@@ -46,6 +46,7 @@ class llama_engine final : public eval_engine {
         eval_answer a;
         a.output   = s_.detokenize(reference_.answer.tokens);
         a.decode_s = reference_.answer.seconds;
+        a.n_tokens = int32_t(reference_.answer.tokens.size());
         a.kv_bytes = full_->kv_bytes_allocated();
         a.kv_bytes_kept = uint64_t(full_->n_prompt()) * full_->kv_bytes_per_cell();
         return a;
@@ -69,6 +70,7 @@ class llama_engine final : public eval_engine {
         eval_answer           a;
         a.output         = s_.detokenize(g.tokens);
         a.decode_s       = g.seconds;
+        a.n_tokens       = int32_t(g.tokens.size());
         a.compress_s     = c.compression().select_seconds + c.compression().rebuild_seconds;
         a.kv_bytes       = c.kv_bytes_allocated();
         a.kv_bytes_kept  = c.kv_bytes_kept();
@@ -136,6 +138,7 @@ class llama_engine final : public eval_engine {
             }
             t.answer.output   = s_.detokenize(answer);
             t.answer.decode_s = g.seconds;
+            t.answer.n_tokens = int32_t(g.tokens.size());
             if (again) {
                 const auto t1 = std::chrono::steady_clock::now();
                 seq->recompress(c->spec, c->params, turn_cells + int32_t(n_decoded), c->recompress_slack, 1);

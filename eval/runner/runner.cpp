@@ -251,6 +251,7 @@ json record(const eval_item & item, const std::string & method, int32_t budget, 
                  { "image_tokens", pf.image_tokens }, { "kv_bytes_full", pf.kv_bytes_full },
                  { "prefill_s", pf.prefill_s },       { "kv_bytes_compressed", a.kv_bytes },
                  { "compress_s", a.compress_s },      { "decode_s", a.decode_s },
+                 { "output_tokens", a.n_tokens },
                  { "prediction", answer_text(a.output, metric.whole_output) } };
     if (!is_full_cache(method)) {
         rec["agreement"]      = a.agreement ? json(*a.agreement) : json(nullptr);

@@ -44,6 +44,7 @@ struct eval_answer {
     std::vector<double>   attn_rel_error;    // per layer; empty when not measured
     uint64_t              kv_bytes_kept = 0; // of kv_bytes, the prompt's entries held (not the room for new tokens)
     int32_t               entries_held  = 0; // --turns: entries of the longest KV head after the answer
+    int32_t               n_tokens      = 0; // tokens generated (decode tokens/s: n_tokens / decode_s)
 };
 
 // --turns: one turn of a conversation, its prompt (the whole conversation so far) and its answer.
