@@ -5,6 +5,9 @@
 // on one connection with a 460 ms mean, so the loop below measures them itself.)
 //   node bench/bench-serve.mjs URL IMAGE [SECONDS]      (bench/bench-serve.sh starts the server and runs this)
 //   ROUNDS=N: every point N times; QUESTION: the question asked (default: What is the TOTAL?)
+//   TURNS=N (docs/conversations.md): instead, 8 clients each holding N-turn conversations about the image, appended
+//   (the default compression) against compressed again after each answer (kv_compression.recompress_slack SLACK,
+//   default 32): turns/s, latency, and the memory of the kept conversations.
 import fs from 'node:fs';
 const [url, imagePath, seconds = '10'] = process.argv.slice(2);
 const image = `data:image/png;base64,${fs.readFileSync(imagePath).toString('base64')}`;
@@ -35,6 +38,62 @@ async function load(payload, clients) {
   latencies.sort((a, b) => a - b);
   const q = (p) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))];
   return { rps: latencies.length / wall, p50: q(0.5), p99: q(0.99), n: latencies.length, failed };
+}
+
+// `clients` loops for `seconds`, each holding conversations of `turns` turns (its questions cycled from a list, the
+// first made unique so that no conversation continues another's); returns turns/s, latency and the longest head's
+// entries after each conversation's last turn.
+let serial = 0;  // conversations started, over every round
+async function converse(kv, clients, turns) {
+  const questions = ['What is the TOTAL?', 'What is the TAX?', 'Read line 1.', 'What is the DATE?'];
+  const latencies = [], held = [];
+  let failed = 0, conversations = 0, tokens = 0;
+  const end = performance.now() + Number(seconds) * 1000;
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: clients }, async () => {
+    while (performance.now() < end) {
+      const id = serial++;
+      const messages = [];
+      for (let turn = 0; turn < turns; ++turn) {
+        const q = questions[turn % questions.length] + (turn === 0 ? ` (conversation ${id}, ${JSON.stringify(kv)})` : '');
+        messages.push(turn === 0 ? { role: 'user', content: [{ type: 'image_url', image_url: { url: image } }, { type: 'text', text: q }] }
+                                 : { role: 'user', content: q });
+        const start = performance.now();
+        const res = await fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ max_tokens: 12, kv_compression: kv, messages }) });
+        const r = await res.json();
+        if (!res.ok) { ++failed; break; }
+        latencies.push(performance.now() - start);
+        tokens += r.usage.completion_tokens;
+        messages.push({ role: 'assistant', content: r.choices[0].message.content });
+        if (turn + 1 === turns) { held.push(r.usage.kv_entries_held); ++conversations; }
+      }
+    }
+  }));
+  const wall = (performance.now() - t0) / 1000;
+  latencies.sort((a, b) => a - b);
+  const q = (p) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))];
+  return { tps: latencies.length / wall, gen: tokens / wall, p50: q(0.5), p99: q(0.99), conversations, failed,
+           held: held.reduce((a, b) => a + b, 0) / Math.max(1, held.length) };
+}
+
+if (process.env.TURNS) {
+  const turns = Number(process.env.TURNS), slack = Number(process.env.SLACK || 32);
+  console.log(`| round | conversation cache | turns/s | answer tokens/s | p50 ms | p99 ms | conversations | ` +
+              `entries a head after turn ${turns} | KiB kept each | failed |`);
+  console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|');
+  for (let round = 1; round <= Number(process.env.ROUNDS || 1); ++round) {
+    for (const [name, kv] of [['appended', {}], [`re-compressed (slack ${slack})`, { recompress_slack: slack }]]) {
+      const before = await metrics();
+      const r = await converse(kv, 8, turns);
+      const after = await metrics();
+      const kib = (after.ecokv_kv_cache_bytes - before.ecokv_kv_cache_bytes) /
+                  Math.max(1, after.ecokv_kv_cache_conversations - before.ecokv_kv_cache_conversations) / 1024;
+      console.log(`| ${round} | ${name} | ${r.tps.toFixed(1)} | ${r.gen.toFixed(0)} | ${r.p50.toFixed(0)} | ${r.p99.toFixed(0)} | ` +
+                  `${r.conversations} | ${r.held.toFixed(0)} | ${kib.toFixed(1)} | ${r.failed} |`);
+    }
+  }
+  process.exit(0);
 }
 
 // Compressed and full side by side at each client count, ROUNDS times (the machine is shared: ratios of neighbours).
