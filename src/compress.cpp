@@ -79,6 +79,18 @@ class run {
         });
     }
 
+    // The attention every token of head i accumulated (methods that accumulate it; else empty).
+    const std::vector<float> & accumulated(size_t i) const { return stats_[i].attn_accum; }
+    // The same where nothing else is measured (a head kept whole).
+    std::vector<float> accumulated_alone(size_t i) const {
+        std::vector<float> out;
+        if (needs_ & stat_accum_attention) {
+            out.resize(size_t(n_tokens(i)));
+            kernels::accumulated_attention(cap_, layer(i), head(i), out);
+        }
+        return out;
+    }
+
     std::vector<double> score(size_t i) const {
         std::vector<double> s(static_cast<size_t>(n_prefix(i)), 0.0);
         scorer_->score({ cap_, params_, layer(i), head(i), n_window_, stats_[i] }, s);
@@ -89,7 +101,6 @@ class run {
     int32_t head(size_t i) const { return int32_t(i % cap_.n_kv_heads); }
 
   private:
-
     // NaN check and statistics of head i, once.
     void measure(size_t i) {
         head_stats & st = stats_[i];
@@ -101,8 +112,8 @@ class run {
             st.attn_raw.resize(size_t(n_prefix(i)));
             kernels::window_attention(cap_, layer(i), head(i), n_window_, st.attn_raw);
         }
-        if (needs_ & stat_accum_attention) {
-            st.attn_accum.resize(size_t(n_prefix(i)));
+        if (needs_ & stat_accum_attention) {  // every token's: the kept ones' go on (streaming H2O)
+            st.attn_accum.resize(size_t(n_tokens(i)));
             kernels::accumulated_attention(cap_, layer(i), head(i), st.attn_accum);
         }
         st.measured = true;
@@ -154,6 +165,7 @@ selection compress(const capture_view & cap, const method_spec & spec, const met
         for (size_t i = 0; i < r.n_heads(); ++i) {
             head_of(i).kept.resize(size_t(r.n_tokens(i)));
             std::iota(head_of(i).kept.begin(), head_of(i).kept.end(), 0);
+            head_of(i).accumulated = r.accumulated_alone(i);  // what an accumulating method carries on
             if (params.merge == merge_kind::pivot) {  // nothing evicted: the rows are the originals
                 merge_pivot(cap, r.layer(i), r.head(i), r.n_window(), head_of(i));
             }
@@ -164,7 +176,11 @@ selection compress(const capture_view & cap, const method_spec & spec, const met
             const int32_t             n_choosable = r.n_choosable(i);
             const std::vector<double> s = b.prefix < n_choosable ? r.score(i)
                                                                  : std::vector<double>(size_t(r.n_prefix(i)), 0.0);
-            head_of(i).kept = select_head(std::span(s).first(size_t(n_choosable)), b, cap.head(r.layer(i), r.head(i)));
+            head_selection & h = head_of(i);
+            h.kept             = select_head(std::span(s).first(size_t(n_choosable)), b, cap.head(r.layer(i), r.head(i)));
+            for (const int32_t t : r.accumulated(i).empty() ? std::vector<int32_t>{} : h.kept) {
+                h.accumulated.push_back(r.accumulated(i)[size_t(t)]);
+            }
             if (params.merge == merge_kind::pivot) {
                 merge_pivot(cap, r.layer(i), r.head(i), r.n_window(), head_of(i));
             }

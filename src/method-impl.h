@@ -28,7 +28,7 @@ enum input_flags : unsigned {
 
 struct head_stats {
     std::vector<float> attn_raw;    // [n_prefix] a0: window attention, mean over window queries and group
-    std::vector<float> attn_accum;  // [n_prefix] accumulated causal attention
+    std::vector<float> attn_accum;  // [n_tokens] accumulated causal attention (prior_attention included)
     bool               measured = false;
 };
 

@@ -3,6 +3,7 @@
 #include "ecokv/ecokv.h"
 #include "method-impl.h"
 #include "test-capture-util.h"
+#include "test-util.h"
 
 #include <gtest/gtest.h>
 
@@ -209,12 +210,12 @@ TEST_P(methods, per_head_tokens_holding_every_token_change_nothing) {
     const ecokv::capture_view heads = as_per_head(capture().view());
     for (int32_t budget : { 48, 72 }) {
         const auto p = params(budget);
-        if (needs_full_queries(spec())) {
-            EXPECT_THROW(ecokv::compress(heads, spec(), p), ecokv::error);
-            continue;
+        ecokv::capture_view with = heads;  // every token's queries, for the methods that accumulate attention
+        for (size_t il = 0; il < with.layers.size() && needs_full_queries(spec()); ++il) {
+            with.layers[il].full_queries = capture().view().layers[il].full_queries;
         }
         const auto want = ecokv::compress(capture().view(), spec(), p);
-        const auto got  = ecokv::compress(heads, spec(), p);
+        const auto got  = ecokv::compress(with, spec(), p);
         for (size_t il = 0; il < want.layers.size(); ++il) {
             for (size_t ig = 0; ig < want.layers[il].size(); ++ig) {
                 EXPECT_EQ(got.layers[il][ig].kept, want.layers[il][ig].kept) << il << "/" << ig;
@@ -351,12 +352,68 @@ TEST(per_head_tokens, bad_sets_are_refused) {
     too_few.heads[1].keys.ne[1] = too_few.heads[1].values.ne[1] = 8;  // fewer than the 32 window queries
     too_few.heads[1].modality.resize(8);
     EXPECT_THROW(ecokv::compress(too_few, { "uniform", "snapkv" }, p), ecokv::error);
-    ecokv::capture_view with_full = heads;
-    with_full.layers = capture().view().layers;
-    for (auto & l : with_full.layers) {
+    ecokv::capture_view too_many_queries = heads;  // full queries of more tokens than head 1 holds
+    too_many_queries.layers = capture().view().layers;
+    for (auto & l : too_many_queries.layers) {
         l.keys = l.values = {};
+        l.full_queries.ne[1] = 40;
     }
-    EXPECT_THROW(ecokv::compress(with_full, { "uniform", "snapkv" }, p), ecokv::error);
+    too_many_queries.heads[1].keys.ne[1] = too_many_queries.heads[1].values.ne[1] = 36;
+    too_many_queries.heads[1].modality.resize(36);
+    EXPECT_EQ(ecokv::test::error_of([&] { ecokv::compress(too_many_queries, { "uniform", "h2o" }, p); }),
+              "heads.1.keys holds 36 tokens, fewer than the 40 full queries");
+    ecokv::capture_view bad_prior = heads;
+    bad_prior.heads[2].prior_attention.assign(5, 0.0f);
+    EXPECT_EQ(ecokv::test::error_of([&] { ecokv::compress(bad_prior, { "uniform", "snapkv" }, p); }),
+              "heads.2.prior_attention holds 5 values for 120 tokens");
+    bad_prior.heads[2].prior_attention.assign(k_tokens, -1.0f);
+    EXPECT_EQ(ecokv::test::error_of([&] { ecokv::compress(bad_prior, { "uniform", "snapkv" }, p); }),
+              "heads.2.prior_attention holds -1 (accumulated attention is finite and >= 0)");
+}
+
+// Streaming H2O: compressing the first 70 tokens with a budget that keeps them all, then the 120 with the queries of
+// the last 50 only and each token's attention so far as its prior, selects exactly what one compression of the 120
+// with every query selects, with the same accumulated attention (no token was evicted in between, so every query saw
+// the same keys).
+TEST(per_head_tokens, streaming_h2o_accumulates_as_one_compression) {
+    const ecokv::capture_view & cap = capture().view();
+    ecokv::method_params        p;
+    p.budget = 48;
+    const ecokv::method_spec h2o = { "uniform", "h2o" };
+    const auto               whole = ecokv::compress(cap, h2o, p);
+    ecokv::capture_view      first = cap;  // tokens [0, 70) and their queries
+    first.n_tokens = 70;
+    for (auto & l : first.layers) {
+        l.keys.ne[1] = l.values.ne[1] = l.full_queries.ne[1] = 70;
+        l.queries.data = l.full_queries.row(70 - 32);  // the window: queries of tokens 38..69
+    }
+    first.modality.resize(70);
+    ecokv::method_params keep_all = p;
+    keep_all.budget = 70;
+    const auto          step = ecokv::compress(first, h2o, keep_all);
+    ecokv::capture_view rest = as_per_head(cap);  // all 120 tokens, the full queries of 70..119
+    for (auto & l : rest.layers) {
+        l.full_queries       = cap.layers[&l - rest.layers.data()].full_queries;
+        l.full_queries.data  = l.full_queries.row(70);
+        l.full_queries.ne[1] = 50;
+    }
+    for (size_t i = 0; i < rest.heads.size(); ++i) {
+        const auto & acc = step.layers[i / k_kv_heads][i % k_kv_heads].accumulated;
+        ASSERT_EQ(acc.size(), 70u);
+        rest.heads[i].prior_attention = acc;
+        rest.heads[i].prior_attention.resize(k_tokens, 0.0f);
+    }
+    const auto streamed = ecokv::compress(rest, h2o, p);
+    for (size_t il = 0; il < whole.layers.size(); ++il) {
+        for (size_t ig = 0; ig < whole.layers[il].size(); ++ig) {
+            const auto &w = whole.layers[il][ig], &s = streamed.layers[il][ig];
+            EXPECT_EQ(s.kept, w.kept) << il << "/" << ig;
+            ASSERT_EQ(s.accumulated.size(), w.accumulated.size());
+            for (size_t j = 0; j < w.accumulated.size(); ++j) {
+                EXPECT_NEAR(s.accumulated[j], w.accumulated[j], 1e-5 * std::max(1.0f, w.accumulated[j]));
+            }
+        }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(registry, methods, ::testing::ValuesIn(all_combos()),

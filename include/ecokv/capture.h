@@ -27,6 +27,9 @@ struct head_tokens {
     tensor_view          keys;      // [1][n][head_dim]
     tensor_view          values;    // [1][n][head_dim_v]
     std::vector<uint8_t> modality;  // [n] values of ecokv::modality; empty means all text
+    // Streaming H2O: the attention each token accumulated from queries before this capture's full queries (a
+    // compression's head_selection::accumulated, the new tokens' 0), or empty: none.
+    std::vector<float> prior_attention;
 };
 
 // The K/V rows of one (layer, KV head): slice `slice` of `keys` and `values` holds its n_tokens tokens.
@@ -56,7 +59,9 @@ struct capture_view {
     std::string                model;     // model name, when known
     // Per (layer, KV head), index il * n_kv_heads + ig, when heads hold different tokens: layers[].keys and
     // .values are then empty, n_tokens is the most any head holds and `modality` is per head. Empty: every head
-    // holds tokens [0, n_tokens). Window queries are shared; full_queries (h2o) are not supported with it yet.
+    // holds tokens [0, n_tokens). Window queries are shared; full_queries, when present, are those of the last
+    // full_queries.ne[1] tokens of every head (the tokens new since the last compression), added to each token's
+    // prior_attention (streaming H2O).
     std::vector<head_tokens> heads;
 
     bool has_full_queries() const { return !layers.empty() && !layers[0].full_queries.empty(); }

@@ -15,6 +15,9 @@ struct head_selection {
     // With a merge method, the rewritten rows of the kept tokens, else empty:
     std::vector<float> keys;    // [kept.size()][head_dim]
     std::vector<float> values;  // [kept.size()][head_dim_v]
+    // Methods that accumulate attention (H2O): what each kept token accumulated, its prior included; the prior of
+    // the next compression's capture (streaming H2O). Else empty.
+    std::vector<float> accumulated;
 };
 
 struct selection {

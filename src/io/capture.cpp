@@ -118,9 +118,10 @@ void capture_view::validate_heads() const {
         ECOKV_THROW("capture has %zu per-head token sets for %d layers x %d KV heads", heads.size(), n_layers,
                     n_kv_heads);
     }
-    if (!modality.empty() || has_full_queries()) {
-        ECOKV_THROW("a capture with per-head tokens has modality per head and no full_queries");
+    if (!modality.empty()) {
+        ECOKV_THROW("a capture with per-head tokens has modality per head");
     }
+    const int64_t n_full = has_full_queries() ? layers[0].full_queries.ne[1] : 0;
     for (size_t i = 0; i < heads.size(); ++i) {
         const head_tokens & h = heads[i];
         const std::string   p = "heads." + std::to_string(i) + ".";
@@ -132,6 +133,20 @@ void capture_view::validate_heads() const {
         check_shape(h.keys, (p + "keys").c_str(), 1, n, head_dim, true);
         check_shape(h.values, (p + "values").c_str(), 1, n, head_dim_v, true);
         check_modality(h.modality, n, p + "modality");
+        if (n_full > n) {
+            ECOKV_THROW("%skeys holds %lld tokens, fewer than the %lld full queries", p.c_str(), (long long) n,
+                        (long long) n_full);
+        }
+        if (!h.prior_attention.empty() && int64_t(h.prior_attention.size()) != n) {
+            ECOKV_THROW("%sprior_attention holds %zu values for %lld tokens", p.c_str(), h.prior_attention.size(),
+                        (long long) n);
+        }
+        for (const float a : h.prior_attention) {
+            if (!std::isfinite(a) || a < 0) {
+                ECOKV_THROW("%sprior_attention holds %g (accumulated attention is finite and >= 0)", p.c_str(),
+                            double(a));
+            }
+        }
     }
 }
 
@@ -166,8 +181,9 @@ void capture_view::validate() const {
         if (lc.full_queries.empty() == full) {
             ECOKV_THROW("tensor %sfull_queries must be present in every layer or in none", p.c_str());
         }
-        if (full) {
-            check_shape(lc.full_queries, (p + "full_queries").c_str(), n_heads, n_tokens, head_dim);
+        if (full) {  // per-head tokens: the queries of every head's last tokens, as many in every layer
+            check_shape(lc.full_queries, (p + "full_queries").c_str(), n_heads,
+                        heads.empty() ? n_tokens : layers[0].full_queries.ne[1], head_dim);
         }
     }
 }

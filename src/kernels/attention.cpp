@@ -170,18 +170,22 @@ void window_attention(const capture_view & cap, int32_t il, int32_t ig, int32_t 
 }
 
 void accumulated_attention(const capture_view & cap, int32_t il, int32_t ig, std::span<float> out) {
-    ECOKV_ASSERT(cap.has_full_queries() && int32_t(out.size()) <= cap.n_tokens);
+    const head_view     head = cap.head(il, ig);
+    const tensor_view & fq   = cap.layers[il].full_queries;
+    // The full queries are those of the head's last n_q tokens (all of them, or the new ones of a per-head capture).
+    const int32_t n_q = int32_t(fq.ne[1]), first_pos = head.n_tokens - n_q;
+    ECOKV_ASSERT(cap.has_full_queries() && int32_t(out.size()) <= head.n_tokens && first_pos >= 0);
     const int32_t       g = cap.n_heads / cap.n_kv_heads;
     std::vector<double> acc(out.size(), 0.0);
     constexpr int32_t   chunk = 64;  // query positions per pass: logits stay at chunk x G x T
-    for (int32_t first = 0; first < cap.n_tokens; first += chunk) {
-        const int32_t n = std::min(chunk, cap.n_tokens - first);
+    for (int32_t first = 0; first < n_q; first += chunk) {
+        const int32_t n = std::min(chunk, n_q - first);
         // Keys after the chunk's last query are masked for all its rows.
-        accumulate(cap.head(il, ig), cap.head_dim, make_tiles(cap, cap.layers[il].full_queries, ig, first, n, first),
-                   first + n, acc);
+        accumulate(head, cap.head_dim, make_tiles(cap, fq, ig, first, n, first_pos + first), first_pos + first + n, acc);
     }
+    const std::vector<float> * prior = cap.heads.empty() ? nullptr : &cap.heads[size_t(il) * cap.n_kv_heads + ig].prior_attention;
     for (size_t j = 0; j < out.size(); ++j) {
-        out[j] = float(acc[j] / g);
+        out[j] = float(acc[j] / g) + (prior && !prior->empty() ? (*prior)[j] : 0.0f);
     }
 }
 
