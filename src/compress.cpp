@@ -190,6 +190,21 @@ selection compress(const capture_view & cap, const method_spec & spec, const met
     return sel;
 }
 
+std::vector<std::vector<float>> accumulated_attention(const capture_view & cap, const compress_options & options) {
+    cap.validate();
+    if (!cap.has_full_queries()) {
+        ECOKV_THROW("accumulated attention needs the capture's full queries");
+    }
+    std::vector<std::vector<float>> out(size_t(cap.n_layers) * cap.n_kv_heads);
+    kernels::parallel_for(int64_t(out.size()), options.n_threads, [&](int64_t i) {
+        const int32_t il = int32_t(i / cap.n_kv_heads), ig = int32_t(i % cap.n_kv_heads);
+        cap.check_finite(il, ig);
+        out[size_t(i)].resize(size_t(cap.head(il, ig).n_tokens));
+        kernels::accumulated_attention(cap, il, ig, out[size_t(i)]);
+    });
+    return out;
+}
+
 std::vector<std::vector<double>> score_heads(const capture_view & cap, const method_spec & spec,
                                              const method_params & params, const compress_options & options) {
     run                              r(cap, spec, params, options);

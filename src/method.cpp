@@ -69,10 +69,6 @@ method_requirements requirements(const method_spec & spec, const method_params &
 
 void check_chunk(const method_spec & spec, const method_params & params, int32_t n_chunk) {
     const method_requirements needs = requirements(spec, params);
-    if (needs.full_queries) {
-        throw option_error("chunk", spec.name() + " needs the queries of every prompt token, which a chunked "
-                                                  "prefill does not keep");
-    }
     if (n_chunk <= needs.n_window_queries) {
         throw option_error("chunk", detail::format("--chunk %d must be larger than the window of %d", n_chunk,
                                                    needs.n_window_queries));
@@ -81,13 +77,8 @@ void check_chunk(const method_spec & spec, const method_params & params, int32_t
 
 void check_recompression(const method_spec & spec, const method_params & params, int32_t every) {
     const method_requirements needs = requirements(spec, params);
-    const char *              key   = every > 0 ? "decode_compress" : "recompress_slack";
-    if (needs.full_queries) {
-        throw option_error(key, spec.name() + " scores with the queries of every token, which a compression after "
-                                              "the prompt does not keep");
-    }
     if (every > 0 && every <= needs.n_window_queries) {
-        throw option_error(key, detail::format("--decode-compress %d must be larger than the window of %d", every,
+        throw option_error("decode_compress", detail::format("--decode-compress %d must be larger than the window of %d", every,
                                                needs.n_window_queries));
     }
 }

@@ -61,7 +61,7 @@ TEST(serve, kv_compression_is_resolved_over_the_server_flags) {
 }
 
 // The chunk of a chunked prefill: the server's --chunk, a request's kv_compression.chunk over it, part of the
-// conversation's identity; a chunk not larger than the window (SnapKV's 32), or h2o chunked, is a 400.
+// conversation's identity; a chunk not larger than the window (SnapKV's 32) is a 400.
 TEST(serve, kv_compression_chunk_is_resolved_over_the_server_flag) {
     compression_defaults server = { ecokv::compression_named("snapkv") };
     server.server.chunk         = 128;
@@ -77,16 +77,15 @@ TEST(serve, kv_compression_chunk_is_resolved_over_the_server_flag) {
     EXPECT_NE(one_shot.key(), chunked.key());
     EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", 32 } }), server); }), "kv_compression.chunk");
     EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", -1 } }), server); }), "kv_compression.chunk");
-    EXPECT_EQ(param_of([&] { resolve_compression(request({ { "chunk", 96 }, { "method", "h2o" } }), server); }),
-              "kv_compression.chunk");
+    EXPECT_EQ(resolve_compression(request({ { "chunk", 96 }, { "method", "h2o" } }), server).chunk, 96);  // streamed
     // Inherited from the server, the refusal says where the chunk came from and how to do without it.
     try {
-        resolve_compression(request({ { "method", "h2o" } }), server);
-        ADD_FAILURE() << "h2o chunked by the server's --chunk was accepted";
+        resolve_compression(request({ { "window", 130 }, { "budget", 200 } }), server);
+        ADD_FAILURE() << "a window of 130 chunked by the server's --chunk 128 was accepted";
     } catch (const request_error & e) {
         EXPECT_NE(std::string(e.what()).find("the server's --chunk; send \"chunk\": 0"), std::string::npos) << e.what();
     }
-    EXPECT_EQ(resolve_compression(request({ { "method", "h2o" }, { "chunk", 0 } }), server).chunk, 0);
+    EXPECT_EQ(resolve_compression(request({ { "window", 130 }, { "budget", 200 }, { "chunk", 0 } }), server).chunk, 0);
 }
 
 // Every option of the table a client may set is taken from kv_compression (as a JSON number or string, as it is

@@ -138,6 +138,13 @@ void query_capture::set_active(bool active) { impl_->active = active; }
 void query_capture::expect_tokens(int32_t n_total) { impl_->expected = n_total; }
 
 int32_t query_capture::n_queries() const { return impl_->n_queries; }
+
+void query_capture::forget_full_queries() {
+    for (auto & rows : impl_->all) {
+        rows.clear();
+        rows.shrink_to_fit();  // a whole prompt's queries may have been there
+    }
+}
 uint64_t query_capture::bytes_to_host() const { return impl_->bytes_to_host; }
 
 void query_capture::set_probe(bool probe) { impl_->probe = probe; }

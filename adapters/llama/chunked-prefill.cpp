@@ -17,8 +17,9 @@ namespace ecokv::llama {
 namespace {
 
 // The capture header of a chunk: the model's dimensions and, per layer, the last n_new rows `capture` recorded (at
-// most its window) as window queries; keys and values are the caller's (per-head candidates).
-capture_view chunk_capture(const llama_model * model, const query_capture & capture, int32_t n_new) {
+// most its window) as window queries, and the full queries it recorded since the last compression or fold (n_full
+// rows, or none); keys and values are the caller's (per-head candidates).
+capture_view chunk_capture(const llama_model * model, const query_capture & capture, int32_t n_new, int32_t n_full) {
     capture_view cap;
     cap.n_layers   = llama_model_n_layer(model);
     cap.n_heads    = llama_model_n_head(model);
@@ -28,7 +29,12 @@ capture_view chunk_capture(const llama_model * model, const query_capture & capt
         const int64_t n = std::min<int64_t>(q.ne[1], n_new);
         q.data          = q.row(q.ne[1] - n);
         q.ne[1]         = n;
-        cap.layers.push_back({ {}, {}, q, {} });
+        tensor_view full = capture.full_queries(il);
+        if (!full.empty() && full.ne[1] != n_full) {
+            throw error("the capture holds the full queries of " + std::to_string(full.ne[1]) + " cells, not of the " +
+                        std::to_string(n_full) + " decoded since the last compression");
+        }
+        cap.layers.push_back({ {}, {}, q, n_full > 0 ? full : tensor_view{} });
         cap.head_dim  = int32_t(q.ne[0]);
         cap.n_queries = int32_t(n);
     }
@@ -127,6 +133,35 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
     q.reselect(spec, params, n_room);
 }
 
+capture_view sequence::impl::candidates_capture(const ragged_candidates & cand) const {
+    const int32_t n_new = int32_t(decoded_modality.size());
+    capture_view  cap   = chunk_capture(s->model, *capture, n_new, n_new - n_folded);
+    cap.heads           = cand.heads();
+    cap.head_dim_v      = int32_t(cap.heads[0].values.ne[0]);
+    for (size_t i = 0; i < cap.heads.size(); ++i) {
+        const size_t n = kept_cells[i].size() + size_t(n_new);
+        if (!kept_modality.empty()) {  // new cells of a multimodal sequence: the prompt's, or decoded text
+            cap.heads[i].modality = kept_modality[i];
+            cap.heads[i].modality.insert(cap.heads[i].modality.end(), decoded_modality.begin(), decoded_modality.end());
+        }
+        if (cap.has_full_queries() && i < kept_accumulated.size()) {  // streaming H2O: what the cells had so far
+            cap.heads[i].prior_attention = kept_accumulated[i];
+            cap.heads[i].prior_attention.resize(n, 0.0f);
+        }
+        cap.n_tokens = std::max(cap.n_tokens, int32_t(n));
+    }
+    return cap;
+}
+
+std::vector<std::vector<float>> sequence::impl::folded_accumulated() const {
+    const int32_t n_new = int32_t(decoded_modality.size());
+    if (kept_accumulated.empty() || !capture || n_new == n_folded) {
+        return kept_accumulated;
+    }
+    const ragged_candidates cand(ctx.get(), layout, ragged_room, n_new, false);
+    return naming_model([&] { return accumulated_attention(candidates_capture(cand), { int32_t(cparams.n_threads) }); });
+}
+
 void sequence::impl::reselect(const method_spec & spec, const method_params & params, int32_t n_room,
                               int32_t n_keep_last) {
     impl &        q     = *this;
@@ -135,21 +170,7 @@ void sequence::impl::reselect(const method_spec & spec, const method_params & pa
     // The candidates: each head's kept cells, then the new ones, whose last queries are the window.
     const auto              t_capture = std::chrono::steady_clock::now();
     const ragged_candidates cand(q.ctx.get(), q.layout, q.ragged_room, n_new, requirements(spec, params).values);
-    capture_view            cap = chunk_capture(q.s->model, *q.capture, n_new);
-    cap.heads                   = cand.heads();
-    cap.head_dim_v              = int32_t(cap.heads[0].values.ne[0]);
-    for (size_t i = 0; i < cap.heads.size(); ++i) {
-        for (int32_t c = 0; c < n_new; ++c) {
-            q.kept_cells[i].push_back(first + c);
-        }
-        if (!q.kept_modality.empty()) {  // new cells of a multimodal sequence: the prompt's, or decoded text
-            std::vector<uint8_t> & m = q.kept_modality[i];
-            m.insert(m.end(), q.decoded_modality.begin(), q.decoded_modality.end());
-            cap.heads[i].modality = m;
-        }
-        cap.n_tokens = std::max(cap.n_tokens, int32_t(q.kept_cells[i].size()));
-    }
-    q.cells_seen = first + n_new;
+    const capture_view      cap = q.candidates_capture(cand);
     compression_info info;
     info.capture_seconds = seconds_since(t_capture);
     info.bytes_to_host   = cand.bytes_to_host() + q.capture->bytes_to_host() - q.query_bytes_mark;
@@ -169,10 +190,29 @@ void sequence::impl::reselect(const method_spec & spec, const method_params & pa
     }
     info.rebuild_seconds = seconds_since(t0);
 
+    for (size_t i = 0; i < q.kept_cells.size(); ++i) {  // the new cells numbered on, their modality after the kept's
+        for (int32_t c = 0; c < n_new; ++c) {
+            q.kept_cells[i].push_back(first + c);
+        }
+        if (!q.kept_modality.empty()) {
+            q.kept_modality[i] = cap.heads[i].modality;
+        }
+    }
+    q.cells_seen  = first + n_new;
+    q.n_folded    = 0;
     q.n_extra     = n_room;
     q.ragged_room = n_room;
     q.decoded_modality.clear();
     q.origin_decoded = 0;
+    q.capture->forget_full_queries();
+    q.kept_accumulated.clear();
+    for (const auto & layer : info.sel.layers) {
+        for (const head_selection & h : layer) {
+            if (!h.accumulated.empty()) {
+                q.kept_accumulated.push_back(h.accumulated);
+            }
+        }
+    }
     q.layout         = ragged_layout(info.sel);
     q.n_cells = int32_t(*std::max_element(q.layout.begin(), q.layout.end()));
     q.kv_kept = info.sel.kv_bytes_kept;

@@ -123,7 +123,7 @@ class llama_engine final : public eval_engine {
                                 ": --turns needs each prompt to begin with the one before and its answer");
                 }
                 seq.emplace(s_.resume(*kept, p.n_cells() - p.cells_before(from) + n_predict, false,
-                                      again && !kept->layout.empty() ? needs.n_window_queries : 0));
+                                      again && !kept->layout.empty() ? needs : method_requirements{}));
             }
             const int32_t turn_cells = p.n_cells() - p.cells_before(from);
             seq->append(p, from);

@@ -73,11 +73,18 @@ void sequence::impl::become_compressed(const impl & full, compressed_cache && cc
     origin_decoded   = 0;
     ragged_room      = n_extra;
     query_bytes_mark = capture ? capture->bytes_to_host() : 0;
+    if (capture) {
+        capture->forget_full_queries();  // the prompt's: from now on those of the cells decoded since
+    }
     kept_cells.clear();
     kept_modality.clear();
+    kept_accumulated.clear();
     for (const auto & layer : cc.sel.layers) {
         for (const head_selection & h : layer) {
             kept_cells.push_back(h.kept);
+            if (!h.accumulated.empty()) {
+                kept_accumulated.push_back(h.accumulated);
+            }
             if (!full.modality.empty()) {
                 auto & m = kept_modality.emplace_back();
                 for (int32_t c : h.kept) {

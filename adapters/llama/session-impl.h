@@ -6,6 +6,7 @@
 #include "ecokv/error.h"
 #include "ecokv/llama-adapter.h"
 #include "ecokv/llama-session.h"
+#include "kv-store.h"
 
 #include <mtmd.h>
 
@@ -79,6 +80,9 @@ struct sequence::impl {
     compression_info      comp;
     std::vector<std::vector<int32_t>> kept_cells;     // per (layer, KV head): the prompt cells it keeps
     std::vector<std::vector<uint8_t>> kept_modality;  // and their modality (empty for a text prompt)
+    std::vector<std::vector<float>>   kept_accumulated;  // and their accumulated attention (streaming H2O), or empty;
+                                                         // also of the first n_folded cells decoded since
+    int32_t                           n_folded = 0;
     int32_t                           peak_cells = 0;
     uint64_t                          peak_bytes = 0;
     // A compressed sequence's cells since its last compression, the candidates a re-compression adds: their modality
@@ -133,6 +137,14 @@ struct sequence::impl {
     // (decoded_modality), whose last captured queries are the window, the last n_keep_last of them kept whole; leaves
     // room for n_room tokens. The rows read are counted in comp.bytes_to_host with the queries read since.
     void reselect(const method_spec & spec, const method_params & params, int32_t n_room, int32_t n_keep_last = 0);
+
+    // What a re-compression chooses among, as a capture: each head's kept cells then the cells decoded since (cand),
+    // their modality, the window's queries and, for streaming H2O, the full queries not folded yet and every
+    // candidate's prior attention.
+    capture_view candidates_capture(const ragged_candidates & cand) const;
+    // kept_accumulated with the queries recorded since folded in (over every cell decoded since): what a snapshot
+    // carries, since it holds no queries.
+    std::vector<std::vector<float>> folded_accumulated() const;
 
     // n cells of `m` decoded (compressed sequences count them for reselect).
     void note_decoded(size_t n, uint8_t m = 0) {

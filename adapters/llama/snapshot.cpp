@@ -38,7 +38,8 @@ void write_state(llama_context * ctx, const snapshot & s, int32_t n_room) {
 
 }  // namespace
 
-sequence session::resume(const snapshot & s, int32_t n_extra, bool probe, int32_t n_window_queries) const {
+sequence session::resume(const snapshot & s, int32_t n_extra, bool probe, const method_requirements & record) const {
+    const int32_t n_window_queries = record.n_window_queries;
     auto q            = std::make_unique<sequence::impl>();
     q->s              = impl_.get();
     q->cparams        = context_params(impl_->opts, s.n_cells + n_extra);
@@ -47,7 +48,7 @@ sequence session::resume(const snapshot & s, int32_t n_extra, bool probe, int32_
     q->kv_kept        = s.kv_bytes_kept;
     llama_context_params cp = q->cparams;
     if (probe || n_window_queries > 0) {
-        q->capture = std::make_unique<query_capture>(model(), std::max(1, n_window_queries), false);
+        q->capture = std::make_unique<query_capture>(model(), std::max(1, n_window_queries), record.full_queries);
         q->capture->set_active(false);
         q->capture->attach(cp);
     }
@@ -73,6 +74,7 @@ snapshot sequence::save() const {
     if (!s.layout.empty()) {
         s.kept_cells       = impl_->kept_cells;
         s.kept_modality    = impl_->kept_modality;
+        s.kept_accumulated = impl_->folded_accumulated();
         s.cells_seen       = impl_->cells_seen;
         s.decoded_modality = impl_->decoded_modality;
     }
@@ -103,12 +105,17 @@ void sequence::restore(const snapshot & s) {
     impl_->ragged_room    = s.layout.empty() ? 0 : int32_t(state_cell_count(s.state)) - 1 + impl_->n_extra;
     impl_->kept_cells     = s.kept_cells;
     impl_->kept_modality  = s.kept_modality;
+    impl_->kept_accumulated = s.kept_accumulated;
     impl_->cells_seen     = s.cells_seen;
     impl_->decoded_modality = s.decoded_modality;
     if (!s.layout.empty() && s.decoded_modality.empty()) {  // a snapshot without bookkeeping: decoded text
         impl_->decoded_modality.assign(size_t(state_cell_count(s.state)) - 1, uint8_t(modality::text));
     }
     impl_->origin_decoded = impl_->decoded_modality.size();
+    impl_->n_folded       = s.kept_accumulated.empty() ? 0 : int32_t(impl_->decoded_modality.size());
+    if (impl_->capture) {
+        impl_->capture->forget_full_queries();  // the queries before the snapshot are in its kept_accumulated
+    }
     impl_->query_bytes_mark = impl_->capture ? impl_->capture->bytes_to_host() : 0;
     impl_->n_cells        = s.layout.empty() ? s.n_cells : int32_t(*std::max_element(s.layout.begin(), s.layout.end()));
     impl_->kv_kept        = s.kv_bytes_kept;

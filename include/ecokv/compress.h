@@ -52,6 +52,11 @@ selection compress(const capture_view & cap, const method_spec & spec, const met
 std::vector<std::vector<double>> score_heads(const capture_view & cap, const method_spec & spec,
                                              const method_params & params, const compress_options & options = {});
 
+// Streaming H2O's running sums: per (layer, KV head), index il * n_kv_heads + ig, the attention each token accumulated
+// from the capture's full queries (causal, mean over the group) plus its prior_attention. Throws ecokv::error for a
+// capture without full queries.
+std::vector<std::vector<float>> accumulated_attention(const capture_view & cap, const compress_options & options = {});
+
 // Writes the selection JSON of SPEC §8 atomically. Merged rows, if any, are not part of the JSON:
 // write them with write_merged_rows().
 void write_selection_json(const std::string & path, const selection & sel);

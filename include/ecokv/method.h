@@ -75,11 +75,11 @@ struct method_requirements {
 method_requirements requirements(const method_spec & spec, const method_params & params);
 
 // Whether the method can compress a chunked prefill with chunks of n_chunk cells: chunks larger than its window (the
-// window queries are a chunk's own), and no accumulated attention over every prompt query (h2o: a chunked prefill
-// keeps the queries of one chunk). Throws ecokv::error naming the problem.
+// window queries are a chunk's own; H2O's accumulated attention streams from chunk to chunk). Throws ecokv::error
+// naming the problem.
 void check_chunk(const method_spec & spec, const method_params & params, int32_t n_chunk);
 // Whether the method can compress a cache again after the prompt, every `every` decoded cells (0: after an answer):
-// no accumulated attention over every query (h2o: only the window's are kept), a period larger than the window.
+// a period larger than the window (H2O's accumulated attention streams from one compression to the next).
 void check_recompression(const method_spec & spec, const method_params & params, int32_t every);
 
 struct method_info {

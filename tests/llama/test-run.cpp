@@ -103,8 +103,7 @@ TEST(run, a_re_compressing_answer_stays_bounded) {
              { { "-m", "full", "--decode-compress", "16" }, "--decode-compress re-compresses one answer of a compressed" },
              { { "-m", "snapkv", "--decode-compress", "40", "--question", "a", "--question", "b" }, "at most one --question" },
              { { "-m", "snapkv", "--decode-compress", "-1" }, "--decode-compress -1 must lie in [0, 16777216]" },
-             { { "-m", "snapkv", "--decode-compress", "16" }, "--decode-compress 16 must be larger than the window of 32" },
-             { { "-m", "h2o", "--decode-compress", "16" }, "uniform+h2o scores with the queries of every token" } }) {
+             { { "-m", "snapkv", "--decode-compress", "16" }, "--decode-compress 16 must be larger than the window of 32" } }) {
         std::vector<std::string> a = { "run", "--model", k_model, "-f", k_prompt, "-n", "64" };
         a.insert(a.end(), args.begin(), args.end());
         const run_result r = run_cli(dir.path().string(), a);
@@ -181,8 +180,6 @@ TEST(run, bad_input_gives_a_clear_error) {
         { { "run", "--model", k_model, "-f", k_prompt, "--chunk", "-1" }, "--chunk -1 must lie in [0, 16777216]" },
         { { "run", "--model", k_model, "-f", k_prompt, "--chunk", "16", "-m", "snapkv" },
           "--chunk 16 must be larger than the window of 32" },
-        { { "run", "--model", k_model, "-f", k_prompt, "--chunk", "64", "-m", "h2o" },
-          "uniform+h2o needs the queries of every prompt token, which a chunked prefill does not keep" },
         { { "run", "--model", k_model, "-f", k_prompt, "--chunk", "64", "--dump-capture", dir / "c.st" },
           "--dump-capture writes the capture of a one-shot prefill" },
     };

@@ -453,14 +453,15 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
     const auto         t0  = clock_type::now();
     const auto         hit = cache_.find(t->key);
     // A compressed conversation that compresses again (decode_compress, recompress_slack) records its window's queries.
-    const bool    again    = c.enabled && (c.decode_compress > 0 || c.recompress_slack >= 0);
-    const int32_t n_window = again ? requirements(c.spec, c.params).n_window_queries : 0;
+    const bool                again  = c.enabled && (c.decode_compress > 0 || c.recompress_slack >= 0);
+    const method_requirements record = again ? requirements(c.spec, c.params) : method_requirements{};
+    const int32_t             n_window = record.n_window_queries;
     if (hit) {  // continue the kept conversation: only the units after it are prefilled
         const size_t from = hit->units.size() - 1;
         t->cached_cells   = p->cells_before(from);
         t->turn_cells     = t->prompt_cells - t->cached_cells;
         t->seq.emplace(s_.resume(hit->snap, t->turn_cells + r.max_tokens, false,
-                                 hit->snap.layout.empty() ? 0 : n_window));
+                                 hit->snap.layout.empty() ? method_requirements{} : record));
         t->seq->append(*p, from);
         ++stats_->hits;
     } else {  // prefill what comes before the question, compress it, then the question

@@ -45,6 +45,9 @@ class query_capture {
     // are then not read from the graph, unless every query is kept. Without it, each batch's last n_queries are read.
     void        expect_tokens(int32_t n_total);
     int32_t     n_queries() const;               // window rows kept
+    // Drops every full-query row recorded so far (a compression used them): the next full_queries() are those of
+    // the tokens recorded after this call (streaming H2O).
+    void        forget_full_queries();
     uint64_t    bytes_to_host() const;           // query rows read from device memory
     int32_t     n_tokens() const;                // prompt tokens recorded
     std::string error() const;                   // why recording failed (allocation), or empty

@@ -135,6 +135,8 @@ struct snapshot {
     // modality (sequence::kept_cells), the cells numbered before those decoded since, and these cells' modality.
     std::vector<std::vector<int32_t>> kept_cells;
     std::vector<std::vector<uint8_t>> kept_modality;
+    std::vector<std::vector<float>>   kept_accumulated;  // streaming H2O: their accumulated attention, and of the
+                                                         // cells decoded since (the queries recorded folded in)
     int32_t                           cells_seen = 0;
     std::vector<uint8_t>              decoded_modality;
     std::vector<float>    logits;              // distribution of the next token
@@ -147,7 +149,8 @@ struct snapshot {
         size_t n = state.size() + layout.size() * sizeof(uint32_t) + logits.size() * sizeof(float) +
                    decoded_modality.size();
         for (size_t i = 0; i < kept_cells.size(); ++i) {
-            n += kept_cells[i].size() * sizeof(int32_t) + (i < kept_modality.size() ? kept_modality[i].size() : 0);
+            n += kept_cells[i].size() * sizeof(int32_t) + (i < kept_modality.size() ? kept_modality[i].size() : 0) +
+                 (i < kept_accumulated.size() ? kept_accumulated[i].size() * sizeof(float) : 0);
         }
         return n;
     }
@@ -222,9 +225,10 @@ class session {
     // Only the first n_units units of the prompt when given (append() the rest later).
     sequence prefill(const prompt & p, int32_t n_extra, const method_requirements & needs,
                      size_t n_units = size_t(-1)) const;
-    // A new sequence holding `s`, with room for n_extra more tokens. With n_window_queries, the queries of the last
-    // that many cells it decodes are recorded (sequence::record_queries), so that a compressed one can compress again.
-    sequence resume(const snapshot & s, int32_t n_extra, bool probe = false, int32_t n_window_queries = 0) const;
+    // A new sequence holding `s`, with room for n_extra more tokens. With `record` (a method's requirements), the
+    // queries it needs of the cells decoded are recorded (sequence::record_queries: the window's, every cell's for
+    // H2O), so that a compressed one can compress again.
+    sequence resume(const snapshot & s, int32_t n_extra, bool probe = false, const method_requirements & record = {}) const;
 
     // Prefills `p` chunk by chunk so that no KV head ever holds more than the budget plus one chunk (and llama.cpp's
     // padding): chunks of at most n_chunk cells (an image is never split; a chunk not longer than the method's
@@ -296,7 +300,8 @@ class sequence {
     generation answer_compressing(const std::vector<llama_token> & question, int32_t n, int32_t every,
                                   const method_spec & spec, const method_params & params);
     // From now on, the queries of every cell decoded are recorded (the last ones kept, as many as the capture holds:
-    // the prefill's window, or resume()'s n_window_queries), for recompress(). Throws without such a capture.
+    // the prefill's window, or resume()'s; all of them since the last compression for H2O), for recompress(). Throws
+    // without such a capture.
     void record_queries();
     // A conversation's re-compression after an answer (docs/conversations.md): when a KV head of this compressed
     // sequence holds more than budget + slack entries besides the last n_keep cells decoded (the last turn: its
