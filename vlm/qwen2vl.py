@@ -145,6 +145,20 @@ class TinyQwen2VL(VLM):
         # Training-only (not exported), made last so the other parameters start as they did before it existed.
         self.row_probe = nn.Linear(c.n_embd, ROW_PROBE_CHARS * c.n_embd, bias=False)
 
+    def grown_prefixes(self, old):
+        """Parameter names a checkpoint of configuration `old` (fewer ViT blocks) lacks."""
+        return [f"vision.blocks.{i}." for i in range(old["v_block"], self.c.v_block)]
+
+    @torch.no_grad()
+    def grow(self, old):
+        """After loading a checkpoint with fewer ViT blocks (`old`), make the blocks it lacks identities: their attention
+        output and MLP down projections start at zero, so the grown model computes what the checkpoint did, and
+        training moves them from there (a function-preserving growth in depth)."""
+        for blk in list(self.vision.blocks)[old["v_block"]:]:
+            for lin in (blk.o, blk.down):
+                lin.weight.zero_()
+                lin.bias.zero_()
+
     def row_logits(self, feats):
         """Training-only readout (not exported): (n, ROW_PROBE_CHARS, n_vocab), each image token's guess at the first
         characters of the text line of its row, scored against the character embeddings (held fixed: the probe

@@ -256,7 +256,7 @@ def train(rank, args):
     """One worker: its share of each step's item groups (trainer.fit sums the workers' gradients)."""
     world = args.workers
     trainer.start_worker(args, rank, world)
-    config = Config(n_vocab=len(vocab()[0]), rope_base=args.rope_base)
+    config = Config(n_vocab=len(vocab()[0]), rope_base=args.rope_base, v_block=args.vit_blocks)
     torch.manual_seed(args.seed)
     model = TinyQwen2VL(config)
     # No weight decay on biases and norms (the usual practice; it also keeps the K biases, see qwen2vl.py).
@@ -268,7 +268,7 @@ def train(rank, args):
     held_out_small = [gen_pages.item(trainer.EVAL_SEED + i, "qa", token_share=args.watch_resize)
                       for i in range(args.eval_items)] if args.watch_resize else []
     if args.init and not os.path.exists(os.path.join(args.run, "ckpt.pt")):
-        trainer.init_from(args.init, model, ("row_probe.",))
+        trainer.init_from(args.init, model, ("row_probe.",), ("v_block",))
     pointer_layers = [int(x) for x in args.pointer_layers.split(",") if x]
     blind_groups = [(il, g) for il in range(config.n_layer) for g in range(config.n_head_kv)]
     a0, a1 = (int(x) for x in args.pointer_anneal.split(","))
@@ -314,6 +314,9 @@ def main():
     ap.add_argument("--init", default=None,
                     help="start from this checkpoint's weights with a fresh optimiser (a fine-tune; ignored once "
                          "RUN/ckpt.pt exists, which resumes as always)")
+    ap.add_argument("--vit-blocks", type=int, default=Config.v_block,
+                    help="ViT blocks; with --init from a checkpoint with fewer, the new ones start as identities "
+                         "(zero output projections) after the old ones: the same function, more depth to learn with")
     ap.add_argument("--schedule-from", type=int, default=0,
                     help="run the curriculum, blinding, pointer anneal and row weight as at this step + the step "
                          "(a fine-tune continues the original run's last stage; also offsets the data's seeds)")

@@ -301,12 +301,16 @@ def save(path, model, opt, step, seconds, args):
     os.replace(tmp, path)
 
 
-def load_weights(path, model, optional=()):
+def load_weights(path, model, optional=(), grow=()):
     """(checkpoint, names of the parameters it lacks): its weights loaded into model. Another configuration, or
-    parameters missing beyond the `optional` prefixes (training-only modules added later), end the run."""
+    parameters missing beyond the `optional` prefixes (training-only modules added later), end the run. `grow`:
+    configuration keys that may be larger in the model (a grown network; its new parameters are then optional)."""
     ck = torch.load(path)
-    if ck["config"] != model.c.to_dict():
+    want = model.c.to_dict()
+    if {k: v for k, v in ck["config"].items() if k not in grow} != {k: v for k, v in want.items() if k not in grow} or \
+            any(ck["config"][k] > want[k] for k in grow):
         sys.exit(f"{path} holds another model configuration: {json.dumps(ck['config'])}")
+    optional = tuple(optional) + tuple(model.grown_prefixes(ck["config"]) if grow else ())
     missing, unexpected = model.load_state_dict(ck["model"], strict=False)
     if unexpected or any(not name.startswith(tuple(optional)) for name in missing):
         sys.exit(f"{path} does not match the model: missing {missing}, unexpected {unexpected}")
@@ -325,10 +329,13 @@ def resume(ckpt_path, model, opt, optional=()):
     return ck["step"], ck["seconds"]
 
 
-def init_from(path, model, optional=()):
+def init_from(path, model, optional=(), grow=()):
     """Load the model weights of another run's checkpoint (a fine-tune's start; the optimiser starts fresh). Refused
-    as resume() refuses: another configuration, or parameters missing beyond the `optional` prefixes."""
-    ck, _ = load_weights(path, model, optional)
+    as resume() refuses: another configuration, or parameters missing beyond the `optional` prefixes. With `grow`
+    (configuration keys the model may have larger), the model's grow(old config) makes the new parts start as no-ops."""
+    ck, _ = load_weights(path, model, optional, grow)
+    if grow:
+        model.grow(ck["config"])
     print(f"initialised from {path} (its step {ck['step']}); a fresh optimiser", file=sys.stderr)
     return ck["step"]
 

@@ -8,6 +8,8 @@
   like cost.
 - A page resized by mtmd: glyph and row targets over its token grid, pointers on the tokens of the answer characters.
 - Resuming drops log rows past the checkpoint's step.
+- --init with --vit-blocks above the checkpoint's: the grown model computes the checkpoint's image tokens exactly
+  (its new blocks start as identities), and other configuration differences are still refused.
 - Resuming a checkpoint saved before a training-only module existed: the other parameters and their optimizer
   state come back by name, the new module starts without state; a checkpoint missing anything else is refused.
 - trainer.py: the learning rate's warmup and cosine; greedy decoding stops each row at its EOS or at max_new and
@@ -309,4 +311,24 @@ got = [(t - start) for t in pointers[:, 2].tolist()]
 check(len(got) == len(wanted) and all(0 <= g < rows * cols for g in got), f"{len(got)} pointers inside the image")
 check(all(g == r * cols + c and chars[r][c] in (ch, None) for g, (ch, (_, r, c)) in zip(got, wanted)),
       "each pointer on its character's token, whose target is that character or ignored")
+
+# Growth in depth: a 2-block checkpoint loaded into a 4-block model computes the same image tokens.
+with tempfile.TemporaryDirectory() as d:
+    torch.manual_seed(5)
+    small = T.TinyQwen2VL(T.Config(n_vocab=len(T.vocab()[0])))
+    path = os.path.join(d, "ckpt.pt")
+    torch.save({"config": small.c.to_dict(), "model": small.state_dict(), "step": 7}, path)
+    grown = T.TinyQwen2VL(T.Config(n_vocab=len(T.vocab()[0]), v_block=4))
+    trainer.init_from(path, grown, ("row_probe.",), ("v_block",))
+    img = torch.from_numpy(it["images"][0][None].copy())
+    with torch.no_grad():
+        same = torch.equal(small.vision(img), grown.vision(img))
+    check(same and len(grown.vision.blocks) == 4, "a 2-block checkpoint grown to 4 ViT blocks gives the same image tokens")
+    wider = T.TinyQwen2VL(T.Config(n_vocab=len(T.vocab()[0]), v_ff=128))
+    code = None
+    try:
+        trainer.init_from(path, wider, ("row_probe.",), ("v_block",))
+    except SystemExit as e:
+        code = str(e)
+    check(code is not None and "another model configuration" in code, "another width is still refused")
 finish()
