@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 
 namespace ecokv {
 
@@ -268,6 +269,26 @@ json record(const eval_item & item, const std::string & method, int32_t budget, 
     return rec;
 }
 
+// The (method, budget) pairs that still miss a record for one of `items` (a resumed run skips the others).
+std::vector<std::pair<std::string, int32_t>> pending(const eval_plan & plan, std::span<const eval_item> items) {
+    std::vector<std::pair<std::string, int32_t>> todo;
+    for (const std::string & m : plan.options.methods) {
+        for (int32_t b : is_full_cache(m) ? std::vector<int32_t>{ 0 } : plan.options.budgets) {
+            if (std::any_of(items.begin(), items.end(), [&](const eval_item & t) { return !plan.done.count(key(t.id, m, b)); })) {
+                todo.emplace_back(m, b);
+            }
+        }
+    }
+    return todo;
+}
+
+// The run's compression for one (method, budget).
+compression compression_at(const eval_options & o, const std::string & method, int32_t budget) {
+    compression c   = compression_named(method, o.settings);
+    c.params.budget = budget;
+    return c;
+}
+
 // --turns: the sizes of the runs of consecutive items about the same context (images and text).
 std::vector<size_t> conversation_sizes(const std::vector<eval_item> & items) {
     std::vector<size_t> sizes;
@@ -295,14 +316,7 @@ void run_conversations(const eval_plan & plan, eval_engine & engine, std::ofstre
         }
         const std::vector<eval_item> turns(plan.items.begin() + ptrdiff_t(first), plan.items.begin() + ptrdiff_t(first + n));
         first += n;
-        std::vector<std::pair<std::string, int32_t>> todo;
-        for (const std::string & m : o.methods) {
-            for (int32_t b : is_full_cache(m) ? std::vector<int32_t>{ 0 } : o.budgets) {
-                if (std::any_of(turns.begin(), turns.end(), [&](const eval_item & t) { return !plan.done.count(key(t.id, m, b)); })) {
-                    todo.emplace_back(m, b);
-                }
-            }
-        }
+        const auto todo = pending(plan, turns);
         if (todo.empty()) {
             continue;
         }
@@ -326,8 +340,7 @@ void run_conversations(const eval_plan & plan, eval_engine & engine, std::ofstre
             continue;
         }
         for (const auto & [method, budget] : todo) {
-            compression c   = compression_named(method, o.settings);
-            c.params.budget = budget;
+            const compression      c = compression_at(o, method, budget);
             std::vector<eval_turn> got;
             try {
                 got = c.enabled ? engine.converse(turns, &c, o.n_predict) : full;
@@ -442,15 +455,8 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
         if (progress) {
             progress(k, plan.items.size());
         }
-        const eval_item &                            item = plan.items[k];
-        std::vector<std::pair<std::string, int32_t>> todo;
-        for (const std::string & m : o.methods) {
-            for (int32_t b : is_full_cache(m) ? std::vector<int32_t>{ 0 } : o.budgets) {
-                if (!plan.done.count(key(item.id, m, b))) {
-                    todo.emplace_back(m, b);
-                }
-            }
-        }
+        const eval_item & item = plan.items[k];
+        const auto        todo = pending(plan, std::span(&item, 1));
         if (todo.empty()) {
             continue;
         }
@@ -471,9 +477,8 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
             continue;
         }
         for (const auto & [method, budget] : todo) {
-            compression c = compression_named(method, o.settings);
-            c.params.budget = budget;
-            json rec;
+            const compression c = compression_at(o, method, budget);
+            json              rec;
             try {
                 const eval_answer a = c.enabled ? engine.answer_compressed(c) : engine.answer_full();
                 rec = record(item, method, budget, pf, a, *plan.metric);
