@@ -295,9 +295,10 @@ generation sequence::answer_compressing(const std::vector<llama_token> & questio
 
 bool sequence::recompress(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t slack,
                           int32_t n_room) {
-    const impl &  q     = *impl_;
-    const int32_t n_new = n_decoded();
-    if (q.layout.empty() || n_new <= method_window(spec, params)) {
+    const impl &  q      = *impl_;
+    const int32_t n_new  = n_decoded(), window = method_window(spec, params);
+    const bool    observed = q.capture && q.capture->queries(0).ne[1] >= window;  // since a resume, too
+    if (q.layout.empty() || n_new <= window || !observed) {
         return false;  // nothing to compress again, or too few new cells to observe
     }
     n_keep             = std::clamp(n_keep, 0, n_new);
