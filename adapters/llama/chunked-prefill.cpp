@@ -295,22 +295,16 @@ generation sequence::answer_compressing(const std::vector<llama_token> & questio
 
 bool sequence::recompress(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t slack,
                           int32_t n_room) {
-    const impl &  q      = *impl_;
-    const int32_t n_new  = n_decoded(), window = method_window(spec, params);
-    const bool    observed = q.capture && q.capture->queries(0).ne[1] >= window;  // since a resume, too
-    if (q.layout.empty() || n_new <= window || !observed) {
-        return false;  // nothing to compress again, or too few new cells to observe
-    }
-    n_keep             = std::clamp(n_keep, 0, n_new);
-    const int64_t held = int64_t(*std::max_element(q.layout.begin(), q.layout.end())) + n_new - n_keep;
-    if (held <= int64_t(params.budget) + slack) {
+    const impl & q = *impl_;
+    if (q.layout.empty()) {
         return false;
     }
-    compress_again(spec, params, n_keep, n_room);
-    return true;
+    n_keep             = std::clamp(n_keep, 0, n_decoded());
+    const int64_t held = int64_t(*std::max_element(q.layout.begin(), q.layout.end())) + n_decoded() - n_keep;
+    return held > int64_t(params.budget) + slack && compress_again(spec, params, n_keep, n_room);
 }
 
-void sequence::compress_again(const method_spec & spec, const method_params & params, int32_t n_keep,
+bool sequence::compress_again(const method_spec & spec, const method_params & params, int32_t n_keep,
                               int32_t n_room) {
     impl & q = *impl_;
     if (q.layout.empty() || !q.records_decoded || q.kept_cells.size() != q.layout.size()) {
@@ -318,11 +312,12 @@ void sequence::compress_again(const method_spec & spec, const method_params & pa
                     "resumed) and record the queries of what it decodes (record_queries)");
     }
     check_recompression(spec, params, 0);
-    if (const int32_t window = method_window(spec, params); n_decoded() <= window) {
-        throw error("compress_again: " + std::to_string(n_decoded()) + " cells decoded since the last compression; " +
-                    spec.name() + " needs more than its window of " + std::to_string(window));
+    const int32_t window = method_window(spec, params);
+    if (n_decoded() <= window || q.capture->queries(0).ne[1] < window) {
+        return false;  // too few new cells to observe, or their window's queries not all recorded (since a resume)
     }
     q.reselect(spec, params, n_room, std::clamp(n_keep, 0, n_decoded()));
+    return true;
 }
 
 int32_t sequence::n_decoded() const { return int32_t(impl_->decoded_modality.size()); }

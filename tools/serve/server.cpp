@@ -575,8 +575,8 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
                 break;
             }
             if (i + 1 < r.max_tokens && alive) {
-                if (t.how.decode_compress > 0 && t.seq->n_decoded() >= t.how.decode_compress) {
-                    t.seq->compress_again(t.how.spec, t.how.params, 0, t.how.decode_compress);
+                if (t.how.decode_compress > 0 && t.seq->n_decoded() >= t.how.decode_compress &&
+                    t.seq->compress_again(t.how.spec, t.how.params, 0, t.how.decode_compress)) {
                     ++recompressions;
                 }
                 t.seq->decode({ tok });

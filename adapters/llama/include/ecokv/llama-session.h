@@ -308,13 +308,13 @@ class sequence {
     // message with the chat template's tokens, and the answer), compresses it again in place over what each head
     // holds (kept entries and every cell decoded since the last compression), those n_keep cells kept whole beside
     // the budget and the newest cells' queries as the window; leaves room for n_room tokens. Needs record_queries()
-    // since the last compression. Returns whether it compressed (not when the cells decoded since do not outnumber the
-    // window).
+    // since the last compression. Returns whether it compressed (not when compress_again() cannot).
     bool recompress(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t slack,
                     int32_t n_room);
-    // recompress() whatever the entries held (a server's decode_compress, every N cells of an answer); throws when the
-    // cells decoded since the last compression do not outnumber the window.
-    void compress_again(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t n_room);
+    // recompress() whatever the entries held (a server's decode_compress, every N cells of an answer). Returns false,
+    // compressing nothing, while the cells decoded since the last compression do not outnumber the window or their
+    // window's queries are not all recorded (right after a resume).
+    bool compress_again(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t n_room);
     // Cells decoded since the last compression of a compressed sequence (0 for an uncompressed one).
     int32_t n_decoded() const;
     // The cells each (layer, KV head) of a compressed sequence keeps, ascending (the prompt's cells first, then those
