@@ -46,5 +46,11 @@ sys.exit(0 if a == b and gpu["bytes_to_host"] > 0 else 1)
 PY
 
 echo "== ecokv serve -ngl 99 (the slow-clients part is the CPU job's: tests/server/test-serve.sh says why)"
-SERVE_ARGS="-ngl 99" SKIP_SLOW_CLIENTS=1 bash tests/server/test-serve.sh "$ecokv"
+# Lavapipe itself sometimes segfaults in one of its worker threads while the server decodes a chunked prefill's
+# second chunk (ggml_vk_synchronize; seen before and after issue 31's changes, mostly on a loaded machine: docs/gpu.md,
+# "Known problems"). A failed run is shown whole and run once more; a second failure fails the job.
+if ! SERVE_ARGS="-ngl 99" SKIP_SLOW_CLIENTS=1 bash tests/server/test-serve.sh "$ecokv"; then
+    echo "test-gpu.sh: the server tests failed on $backend (above); running them once more (docs/gpu.md, Known problems)"
+    SERVE_ARGS="-ngl 99" SKIP_SLOW_CLIENTS=1 bash tests/server/test-serve.sh "$ecokv"
+fi
 echo "test-gpu.sh: all passed on $backend"
