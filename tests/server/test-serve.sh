@@ -7,7 +7,9 @@ ECOKV=$1
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DIR=$(mktemp -d)
 PIDS=()
-trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$DIR"' EXIT
+# On failure the servers' logs are shown (an abort's message is there), then everything is cleaned up.
+trap 'rc=$?; [ $rc -eq 0 ] || for f in "$DIR"/*.log; do echo "--- $f"; tail -n 40 "$f"; done
+      kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$DIR"' EXIT
 [[ -d "$ROOT/tests/server/node_modules/openai" ]] || { echo "missing npm clients: run scripts/setup.sh"; exit 1; }
 
 start() {  # start NAME ARGS...: a server on a free port, its URL in $URL
