@@ -130,8 +130,12 @@ const std::vector<option_info> & table() {
 
 // A value as an error message quotes it: cut at 64 bytes (a request may send kilobytes).
 std::string quoted_value(const option_value & v) {
-    const std::string t = option_text(v);
-    return "'" + (t.size() > 64 ? t.substr(0, 64) + "..." : t) + "'";
+    const std::string t   = option_text(v);
+    size_t            cut = std::min<size_t>(t.size(), 64);
+    while (cut < t.size() && cut > 0 && (uint8_t(t[cut]) & 0xC0) == 0x80) {
+        --cut;  // not inside a UTF-8 character: the message goes into JSON error bodies
+    }
+    return "'" + t.substr(0, cut) + (cut < t.size() ? "..." : "") + "'";
 }
 
 std::string name_of(const option_spec & o) { return "--" + o.flag(); }

@@ -333,7 +333,10 @@ chat_request parse_completion_request(const json & body, const request_limits & 
 }
 
 json error_body(const request_error & e) {
-    return { { "error", { { "message", e.what() },
+    // A message quotes what the client sent; bytes that are not UTF-8 become U+FFFD (nlohmann's own replacement),
+    // so that the body can always be written.
+    const json message = json::parse(json(e.what()).dump(-1, ' ', false, json::error_handler_t::replace));
+    return { { "error", { { "message", message },
                           { "type", e.type },
                           { "param", e.param.empty() ? json(nullptr) : json(e.param) },
                           { "code", nullptr } } } };
