@@ -170,10 +170,10 @@ TEST(adapter, in_place_compaction_equals_the_masked_reference) {
     expect_masked_reference(pf, pf.ctx.get(), cc.sel, { 5, 77, 23, 8, 1, 60 }, 40);
 }
 
-// Every head keeps its own count and allocates exactly that, on llama and qwen2vl, with or without flash attention
+// Every head keeps its own count and allocates exactly that, on llama, qwen2 and qwen2vl, with or without flash attention
 // (V transposed in the prefill context).
 TEST(adapter, non_uniform_budgets_allocate_what_each_head_keeps) {
-    for (const char * arch : { "llama", "qwen2vl" }) {
+    for (const char * arch : { "llama", "qwen2", "qwen2vl" }) {
         for (const bool flash : { true, false }) {
             tiny_config c;
             c.arch             = arch;

@@ -51,7 +51,7 @@ struct init_rule {
 init_rule rule_for(const tiny_config & c, const std::string & name, int64_t fan_in_elems) {
     const std::string s       = layer_suffix(name);
     const double      fan_in  = double(fan_in_elems);
-    const bool        qwen2vl = c.arch == "qwen2vl";
+    const bool        qkv_bias = c.arch != "llama";  // Qwen2 and Qwen2-VL have Q/K/V biases
 
     if (ends_with(s, ".scale") || ends_with(s, ".input_scale") || starts_with(s, "rope_freqs") ||
         starts_with(s, "rope_factors")) {
@@ -74,7 +74,7 @@ init_rule rule_for(const tiny_config & c, const std::string & name, int64_t fan_
         return { init_kind::normal, 1.0 / std::sqrt(fan_in) };
     }
     if (s == "attn_q.bias" || s == "attn_k.bias" || s == "attn_v.bias") {
-        return qwen2vl ? init_rule{ init_kind::normal, 0.2 } : init_rule{ init_kind::zero };
+        return qkv_bias ? init_rule{ init_kind::normal, 0.2 } : init_rule{ init_kind::zero };
     }
     if (ends_with(s, ".bias")) {
         return { init_kind::zero };
@@ -303,8 +303,8 @@ std::unique_ptr<gguf_context, gguf_deleter> make_metadata(const tiny_config & c)
 }
 
 void validate(const tiny_config & c) {
-    if (c.arch != "llama" && c.arch != "qwen2vl") {
-        throw std::invalid_argument("tiny_model: arch must be llama or qwen2vl, not " + c.arch);
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen2vl") {
+        throw std::invalid_argument("tiny_model: arch must be llama, qwen2 or qwen2vl, not " + c.arch);
     }
     if (c.n_layer <= 0 || c.n_embd <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || c.n_ff <= 0 || c.n_vocab <= 0 ||
         c.n_ctx_train <= 0) {
@@ -382,6 +382,7 @@ vecd rms_norm(const vecd & x, const tiny_tensor & w, double eps) {
 // freq_scale = 1, ext_factor = 0, attn_factor = 1 and no freq factors.
 void rope_head(double * v, int32_t d, const position & p, const tiny_config & c, bool mrope) {
     const int32_t half = d / 2;
+    const bool    neox = c.arch != "llama";  // qwen2: LLAMA_ROPE_TYPE_NEOX; qwen2vl: M-RoPE, NEOX pairs
     for (int32_t i = 0; i < half; ++i) {
         int32_t pos = p[0];
         if (mrope) {
@@ -396,8 +397,8 @@ void rope_head(double * v, int32_t d, const position & p, const tiny_config & c,
         }
         const double theta = double(pos) * std::pow(double(c.rope_freq_base), -2.0 * double(i) / double(d));
         const double cs = std::cos(theta), sn = std::sin(theta);
-        const int32_t a = mrope ? i : 2 * i;         // NEOX pairs (i, i + d/2) vs NORM pairs (2i, 2i + 1)
-        const int32_t b = mrope ? i + half : 2 * i + 1;
+        const int32_t a = neox ? i : 2 * i;  // NEOX pairs (i, i + d/2) vs NORM pairs (2i, 2i + 1)
+        const int32_t b = neox ? i + half : 2 * i + 1;
         const double  x0 = v[a], x1 = v[b];
         v[a]             = x0 * cs - x1 * sn;
         v[b]             = x0 * sn + x1 * cs;
@@ -687,7 +688,7 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
     }
 
     const vecd h      = rms_norm(x.back(), m.tensor("output_norm.weight"), eps);
-    // qwen2vl creates output.bias but its graph never adds it (it is 0 here anyway); llama has none.
+    // qwen2 adds output.bias, qwen2vl creates it but never adds it (0 here either way); llama has none.
     const vecd logits = linear(m, "output", h);
     out.logits.assign(logits.begin(), logits.end());
     return out;

@@ -1,6 +1,6 @@
 // Test support: tiny random-weight llama.cpp models built in memory, and an independent reference forward pass.
 //
-// make_tiny_model() builds a `llama` or `qwen2vl` model through llama_model_init_from_user() with the dummy "test"
+// make_tiny_model() builds a `llama`, `qwen2` or `qwen2vl` model through llama_model_init_from_user() with the dummy "test"
 // tokenizer (token ids are fed directly) and keeps a copy of every weight as F32. reference_forward() recomputes the
 // model in double precision with plain loops (no ggml), with an optional per-(layer, KV head, query, key) mask, so
 // tests can check what llama.cpp computes with a full or an evicted KV cache. See tests/llama/README.md.
@@ -24,7 +24,9 @@ struct llama_context;
 namespace ecokv::test {
 
 struct tiny_config {
-    std::string arch = "llama";  // "llama" (stories260K-like) or "qwen2vl" (M-RoPE, Q/K/V biases)
+    // "llama" (stories260K-like), "qwen2" (Q/K/V biases, NEOX RoPE: InternVL3's text model) or "qwen2vl" (M-RoPE, Q/K/V
+    // biases)
+    std::string arch = "llama";
     int32_t n_layer = 2, n_embd = 64, n_head = 4, n_head_kv = 2, n_ff = 128, n_vocab = 128, n_ctx_train = 4096;
     float    rope_freq_base = 10000;
     uint64_t seed = 1;
@@ -102,7 +104,7 @@ class tiny_model {
 // deterministic in (cfg, name) and independent of the platform's <random>:
 //   token_embd N(0, 1); attn_q/attn_k N(0, 1.3/sqrt(n_embd)) so attention is peaked (score std ~1.7) and RoPE or
 //   masking errors show in the logits; other matrices N(0, 1/sqrt(fan_in)); norms 1 + N(0, 0.1);
-//   qwen2vl Q/K/V biases N(0, 0.2); every other bias 0; every *.scale / *.input_scale / rope_freqs 1.
+//   qwen2 / qwen2vl Q/K/V biases N(0, 0.2); every other bias 0; every *.scale / *.input_scale / rope_freqs 1.
 // Element i of a tensor is the (i+1)-th splitmix64::normal() of the stream seeded seed ^ fnv1a(name), rounded to the
 // tensor's type; weight_type, keep_reference_weights and n_threads change how it is stored, never the value drawn.
 // Throws std::invalid_argument on a bad config and std::runtime_error when llama.cpp fails or creates a tensor this
@@ -173,7 +175,7 @@ struct reference_output {
 // llama.cpp's position mask for prompts with non-decreasing t whose image blocks are in raster order. A query row with
 // every key hidden outputs 0 for that head. RoPE as llama.cpp: llama = LLAMA_ROPE_TYPE_NORM (pairs (2i, 2i+1)),
 // qwen2vl = M-RoPE (NEOX pairs (i, i + d/2); pair i takes plane t, y or x by (i mod sum(sections)) against the
-// sections). Attention scale 1/sqrt(head_dim). Double precision throughout; weights are the F32 values in the model
+// sections), qwen2 = NEOX pairs with 1-D positions. Attention scale 1/sqrt(head_dim). Double precision throughout; weights are the F32 values in the model
 // (keep_reference_weights; std::out_of_range without them).
 // `rounding` (cache_rounding) makes the reference read what a quantized cache holds; K and V in `kv` are rounded too.
 reference_output reference_forward(const tiny_model & m, const std::vector<int32_t> & tokens,
