@@ -466,6 +466,64 @@ TEST(TinyMmprojQwen2vl, ImageGeometryMatchesMtmd) {
     }
 }
 
+// ---- the other families: tiles (LLaVA-NeXT, InternVL, Idefics3), Qwen2.5-VL's window attention ------------------
+
+struct family_case {
+    const char *   name;
+    t::mmproj_type type;
+    const char *   arch;
+    bool           mrope;
+};
+
+class TinyMmprojFamily : public ::testing::TestWithParam<family_case> {};
+
+// The image chunks mtmd makes (count, tokens, grid) are those expected_image_layout computes from the preprocessing
+// rules, for an image within one tile, a 4:3 one and a wide one; the embeddings are finite and depend on the image.
+TEST_P(TinyMmprojFamily, ImageChunksAreTheExpectedLayout) {
+    const family_case   fc = GetParam();
+    const t::tiny_model m  = t::make_tiny_model(text_config(fc.arch));
+    auto                mc = mmproj_config(fc.type, m.config().n_embd);
+    mc.n_block             = 2;
+    const auto f           = t::write_tiny_mmproj_temp(mc);
+    mtmd_ptr   ctx         = init_mtmd(f->path(), m.get());
+    ASSERT_TRUE(ctx) << take_errors();
+    EXPECT_EQ(mtmd_decode_use_mrope(ctx.get()), fc.mrope);
+    for (const auto & [nx, ny] : { std::pair{ 40, 30 }, std::pair{ 112, 84 }, std::pair{ 200, 60 } }) {
+        SCOPED_TRACE(std::to_string(nx) + "x" + std::to_string(ny));
+        const t::image_layout want = t::expected_image_layout(mc, nx, ny);
+        const t::bitmap_ptr   bmp  = t::make_test_bitmap(nx, ny, 4);
+        chunks_ptr            chunks;
+        ASSERT_EQ(tokenize(ctx.get(), media_prompt(1), { bmp.get() }, chunks), 0) << take_errors();
+        std::vector<const mtmd_input_chunk *> images;
+        for (size_t i = 0; i < mtmd_input_chunks_size(chunks.get()); ++i) {
+            const mtmd_input_chunk * c = mtmd_input_chunks_get(chunks.get(), i);
+            if (mtmd_input_chunk_get_type(c) == MTMD_INPUT_CHUNK_TYPE_IMAGE) {
+                images.push_back(c);
+            }
+        }
+        ASSERT_EQ(images.size(), want.chunks.size());
+        for (size_t i = 0; i < images.size(); ++i) {
+            const mtmd_image_tokens * it = mtmd_input_chunk_get_tokens_image(images[i]);
+            EXPECT_EQ(mtmd_input_chunk_get_n_tokens(images[i]), size_t(want.chunks[i].n_tokens)) << "chunk " << i;
+            EXPECT_EQ(mtmd_image_tokens_get_nx(it), size_t(want.chunks[i].tokens_x)) << "chunk " << i;
+            EXPECT_EQ(mtmd_image_tokens_get_ny(it), size_t(want.chunks[i].tokens_y)) << "chunk " << i;
+            EXPECT_EQ(mtmd_input_chunk_get_n_pos(images[i]), want.chunks[i].n_pos) << "chunk " << i;
+        }
+        const std::vector<float> e = encode_image(ctx.get(), images.back(), m.config().n_embd);
+        EXPECT_TRUE(all_finite(e));
+        EXPECT_GT(stddev(e), 0.05);
+        std::printf("[ info     ] %s %dx%d: %zu image chunks (%d x %d tiles), %d tokens\n", fc.name, nx, ny,
+                    images.size(), want.tiles_x, want.tiles_y, want.n_tokens());
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TinyMmprojFamily,
+                         ::testing::Values(family_case{ "llava_next", t::mmproj_type::llava_next, "llama", false },
+                                           family_case{ "qwen25vl", t::mmproj_type::qwen25vl_merger, "qwen2vl", true },
+                                           family_case{ "internvl", t::mmproj_type::internvl, "qwen2", false },
+                                           family_case{ "idefics3", t::mmproj_type::idefics3, "llama", false }),
+                         [](const auto & info) { return std::string(info.param.name); });
+
 // ---- LLaVA-1.5 mlp + llama text model ----------------------------------------------------------------------------
 
 class TinyMmprojLlava : public ::testing::TestWithParam<int32_t> {};  // param: n_block

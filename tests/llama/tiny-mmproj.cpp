@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <stdexcept>
 #include <system_error>
 #include <unistd.h>
@@ -80,8 +81,16 @@ void add_norm(std::vector<tensor_spec> & v, const std::string & base, int64_t n)
     v.push_back(vec(base + ".bias", n, k_bias_std));
 }
 
-int32_t llava_grid(const tiny_mmproj_config & c) {
+int32_t vit_grid(const tiny_mmproj_config & c) {
     return c.image_size / c.patch_size;
+}
+
+bool dynamic_size(mmproj_type t) {  // Qwen2-VL's family: images keep their aspect, no learned positions
+    return t == mmproj_type::qwen2vl_merger || t == mmproj_type::qwen25vl_merger;
+}
+
+bool pixel_shuffle(mmproj_type t) {  // s x s neighbouring patches become one token of s^2 E values
+    return t == mmproj_type::internvl || t == mmproj_type::idefics3;
 }
 
 void validate(const tiny_mmproj_config & c) {
@@ -92,8 +101,9 @@ void validate(const tiny_mmproj_config & c) {
     if (c.n_embd <= 0 || c.n_head <= 0 || c.n_embd % c.n_head != 0) {
         fail("n_embd must be a positive multiple of n_head");
     }
-    if (c.type == mmproj_type::qwen2vl_merger && (c.n_embd / c.n_head) % 4 != 0) {
-        fail("qwen2vl_merger: head dim (n_embd / n_head) must be a multiple of 4 (vision M-RoPE sections d/4)");
+    if (dynamic_size(c.type) && (c.n_embd / c.n_head) % 4 != 0) {
+        fail("qwen2vl_merger / qwen2.5vl_merger: head dim (n_embd / n_head) must be a multiple of 4 (vision M-RoPE "
+             "sections d/4)");
     }
     if (c.n_ff <= 0 || c.n_ff == c.n_embd) {
         fail("n_ff must be > 0 and differ from n_embd (mtmd swaps ffn_up/ffn_down when ffn_down.ne[0] == n_embd)");
@@ -104,51 +114,127 @@ void validate(const tiny_mmproj_config & c) {
     if (c.n_embd_text <= 0) {
         fail("n_embd_text must be > 0");
     }
+    if (pixel_shuffle(c.type) && (c.scale_factor < 2 || vit_grid(c) % c.scale_factor != 0)) {
+        fail("internvl / idefics3: scale_factor must be >= 2 and divide image_size / patch_size");
+    }
+    if (c.type == mmproj_type::llava_next) {
+        if (c.grid_pinpoints.empty() || c.grid_pinpoints.size() % 2 != 0) {
+            fail("llava_next: grid_pinpoints must hold (width, height) pairs");
+        }
+        for (int32_t v : c.grid_pinpoints) {
+            if (v <= 0 || v % c.image_size != 0) {  // a smaller edge tile is not square: the llava graph aborts
+                fail("llava_next: every pinpoint must be a multiple of image_size");
+            }
+        }
+    }
+}
+
+// The ViT's input: patch embeddings and, where the model has them, class token, learned positions and pre-norm.
+void add_embeddings(std::vector<tensor_spec> & v, const tiny_mmproj_config & c) {
+    const int64_t E = c.n_embd, p = c.patch_size, g = vit_grid(c);
+    tensor_spec   pos = linear_w("v.position_embd.weight", E, g * g);
+    pos.stdev         = k_embd_std;
+    switch (c.type) {
+        case mmproj_type::qwen2vl_merger:
+        case mmproj_type::qwen25vl_merger:
+            // Conv3d patch embedding split into two Conv2d kernels (temporal frames 0 and 1), no bias, no class or
+            // position embeddings (2-D M-RoPE inside the ViT), no pre-norm.
+            v.push_back(patch_embd("v.patch_embd.weight", p, E));
+            v.push_back(patch_embd("v.patch_embd.weight.1", p, E));
+            return;
+        case mmproj_type::llava_mlp:
+        case mmproj_type::llava_next:
+            // CLIP ViT: class token, learned positions for grid^2 + 1 tokens, pre-layernorm.
+            v.push_back(vec("v.class_embd", E, k_embd_std));
+            v.push_back(patch_embd("v.patch_embd.weight", p, E));
+            pos.ne[1] = g * g + 1;
+            v.push_back(pos);
+            add_norm(v, "v.pre_ln", E);
+            return;
+        case mmproj_type::internvl:
+            // InternViT: patch bias, class token (appended after the patches by llama.cpp), positions for it too.
+            v.push_back(vec("v.class_embd", E, k_embd_std));
+            v.push_back(patch_embd("v.patch_embd.weight", p, E));
+            v.push_back(vec("v.patch_embd.bias", E, k_bias_std));
+            pos.ne[1] = g * g + 1;
+            v.push_back(pos);
+            return;
+        case mmproj_type::idefics3:
+            // SigLIP: patch bias, positions, no class token (the converter stores the embeddings in F32).
+            v.push_back(patch_embd("v.patch_embd.weight", p, E));
+            v.back().type = GGML_TYPE_F32;
+            v.push_back(vec("v.patch_embd.bias", E, k_bias_std));
+            v.push_back(pos);
+            return;
+    }
+}
+
+void add_block(std::vector<tensor_spec> & v, const tiny_mmproj_config & c, int32_t il) {
+    const int64_t     E = c.n_embd, F = c.n_ff;
+    const std::string b = "v.blk." + std::to_string(il) + ".";
+    const bool        rms = c.type == mmproj_type::qwen25vl_merger;  // RMSNorm, weight only, and a gated FFN
+    auto norm = [&](const std::string & name) {
+        rms ? v.push_back(vec(name + ".weight", E, k_norm_std, fill::norm_weight)) : add_norm(v, name, E);
+    };
+    norm(b + "ln1");
+    for (const char * w : { "attn_q", "attn_k", "attn_v", "attn_out" }) {
+        add_linear(v, b + w, E, E);
+    }
+    norm(b + "ln2");
+    if (rms) {
+        add_linear(v, b + "ffn_gate", E, F);
+    }
+    add_linear(v, b + "ffn_up", E, F);
+    add_linear(v, b + "ffn_down", F, E);
+    if (c.type == mmproj_type::internvl) {  // layer scales
+        v.push_back(vec(b + "ls1.weight", E, k_norm_std, fill::norm_weight));
+        v.push_back(vec(b + "ls2.weight", E, k_norm_std, fill::norm_weight));
+    }
+}
+
+// From the ViT's output to the text model's embedding width T.
+void add_projector(std::vector<tensor_spec> & v, const tiny_mmproj_config & c) {
+    const int64_t E = c.n_embd, T = c.n_embd_text, S = int64_t(c.scale_factor) * c.scale_factor;
+    switch (c.type) {
+        case mmproj_type::qwen2vl_merger:  // PatchMerger: ln_q (v.post_ln), then 2x2 patches: 4E -> 4E -> GELU -> T
+            add_norm(v, "v.post_ln", E);
+            add_linear(v, "mm.0", 4 * E, 4 * E);
+            add_linear(v, "mm.2", 4 * E, T);
+            return;
+        case mmproj_type::qwen25vl_merger:  // the same with an RMSNorm ln_q
+            v.push_back(vec("v.post_ln.weight", E, k_norm_std, fill::norm_weight));
+            add_linear(v, "mm.0", 4 * E, 4 * E);
+            add_linear(v, "mm.2", 4 * E, T);
+            return;
+        case mmproj_type::llava_mlp:  // mlp2x_gelu: E -> T -> GELU -> T (no post_ln: LLaVA reads the penultimate layer)
+            add_linear(v, "mm.0", E, T);
+            add_linear(v, "mm.2", T, T);
+            return;
+        case mmproj_type::llava_next:  // the same; the image newline as published files hold it (unused by mtmd)
+            add_linear(v, "mm.0", E, T);
+            add_linear(v, "mm.2", T, T);
+            v.push_back(vec("model.image_newline", T, k_embd_std));
+            return;
+        case mmproj_type::internvl:  // pixel shuffle, LayerNorm, s^2 E -> T -> GELU -> T
+            add_norm(v, "mm.model.mlp.0", S * E);
+            add_linear(v, "mm.model.mlp.1", S * E, T);
+            add_linear(v, "mm.model.mlp.3", T, T);
+            return;
+        case mmproj_type::idefics3:  // post-norm, pixel shuffle, one linear map without bias
+            add_norm(v, "v.post_ln", E);
+            v.push_back(linear_w("mm.model.fc.weight", S * E, T));
+            return;
+    }
 }
 
 std::vector<tensor_spec> plan(const tiny_mmproj_config & c) {
     validate(c);
-    const int64_t E = c.n_embd, F = c.n_ff, T = c.n_embd_text, p = c.patch_size;
     std::vector<tensor_spec> v;
-
-    if (c.type == mmproj_type::qwen2vl_merger) {
-        // Qwen2-VL: Conv3d patch embedding split into two Conv2d kernels (temporal frames 0 and 1), no bias, no
-        // class or position embeddings (2-D M-RoPE inside the ViT), no pre-norm.
-        v.push_back(patch_embd("v.patch_embd.weight", p, E));
-        v.push_back(patch_embd("v.patch_embd.weight.1", p, E));
-    } else {
-        // LLaVA-1.5 / CLIP ViT: class token, learned positions for grid^2 + 1 tokens, pre-layernorm.
-        const int64_t g = llava_grid(c);
-        v.push_back(vec("v.class_embd", E, k_embd_std));
-        v.push_back(patch_embd("v.patch_embd.weight", p, E));
-        tensor_spec pos = linear_w("v.position_embd.weight", E, g * g + 1);
-        pos.stdev       = k_embd_std;
-        v.push_back(pos);
-        add_norm(v, "v.pre_ln", E);
-    }
-
+    add_embeddings(v, c);
     for (int32_t il = 0; il < c.n_block; ++il) {
-        const std::string b = "v.blk." + std::to_string(il) + ".";
-        add_norm(v, b + "ln1", E);
-        add_linear(v, b + "attn_q", E, E);
-        add_linear(v, b + "attn_k", E, E);
-        add_linear(v, b + "attn_v", E, E);
-        add_linear(v, b + "attn_out", E, E);
-        add_norm(v, b + "ln2", E);
-        add_linear(v, b + "ffn_up", E, F);
-        add_linear(v, b + "ffn_down", F, E);
+        add_block(v, c, il);
     }
-
-    if (c.type == mmproj_type::qwen2vl_merger) {
-        // PatchMerger: ln_q (-> v.post_ln), then MLP over 2x2 merged patches: 4E -> 4E -> GELU -> T
-        add_norm(v, "v.post_ln", E);
-        add_linear(v, "mm.0", 4 * E, 4 * E);
-        add_linear(v, "mm.2", 4 * E, T);
-    } else {
-        // LLaVA-1.5 mlp2x_gelu: E -> T -> GELU -> T (no post_ln: LLaVA uses the penultimate ViT layer)
-        add_linear(v, "mm.0", E, T);
-        add_linear(v, "mm.2", T, T);
-    }
+    add_projector(v, c);
     return v;
 }
 
@@ -185,7 +271,14 @@ const char * mmproj_type_name(mmproj_type t) {
         case mmproj_type::qwen2vl_merger:
             return "qwen2vl_merger";
         case mmproj_type::llava_mlp:
+        case mmproj_type::llava_next:
             return "mlp";
+        case mmproj_type::qwen25vl_merger:
+            return "qwen2.5vl_merger";
+        case mmproj_type::internvl:
+            return "internvl";
+        case mmproj_type::idefics3:
+            return "idefics3";
     }
     return "?";
 }
@@ -241,7 +334,12 @@ void write_tiny_mmproj(const std::string & path, const tiny_mmproj_config & c) {
     set_bool("clip.has_vision_encoder", true);
     set_bool("clip.has_audio_encoder", false);
     set_str("clip.projector_type", mmproj_type_name(c.type));
-    set_bool("clip.use_gelu", false);  // ViT FFN activation: quick GELU (CLIP and Qwen2-VL)
+    // ViT FFN activation: quick GELU (CLIP, Qwen2-VL), gated SiLU (Qwen2.5-VL), tanh GELU (InternViT, SigLIP)
+    if (c.type == mmproj_type::qwen25vl_merger) {
+        set_bool("clip.use_silu", true);
+    } else {
+        set_bool("clip.use_gelu", pixel_shuffle(c.type));
+    }
     set_u32("clip.vision.image_size", c.image_size);
     set_u32("clip.vision.patch_size", c.patch_size);
     set_u32("clip.vision.embedding_length", c.n_embd);
@@ -250,6 +348,26 @@ void write_tiny_mmproj(const std::string & path, const tiny_mmproj_config & c) {
     set_u32("clip.vision.projection_dim", c.n_embd_text);
     set_u32("clip.vision.attention.head_count", c.n_head);
     set_f32("clip.vision.attention.layer_norm_epsilon", c.type == mmproj_type::qwen2vl_merger ? 1e-6f : 1e-5f);
+    switch (c.type) {
+        case mmproj_type::llava_next:
+            if (!omitted(c, "clip.vision.image_grid_pinpoints")) {  // (width, height) pairs, INT32 as mtmd reads them
+                gguf_set_arr_data(gc, "clip.vision.image_grid_pinpoints", GGUF_TYPE_INT32, c.grid_pinpoints.data(),
+                                  c.grid_pinpoints.size());
+            }
+            set_str("clip.vision.mm_patch_merge_type", "spatial_unpad");  // as published; mtmd 0.5.0 ignores it
+            break;
+        case mmproj_type::qwen25vl_merger:
+            set_u32("clip.vision.n_wa_pattern", c.n_wa_pattern);
+            break;
+        case mmproj_type::idefics3:
+            set_u32("clip.vision.preproc_image_size", c.preproc_image_size);
+            [[fallthrough]];
+        case mmproj_type::internvl:
+            set_u32("clip.vision.projector.scale_factor", c.scale_factor);
+            break;
+        default:
+            break;
+    }
     set_f32_arr("clip.vision.image_mean", { 0.48145466f, 0.4578275f, 0.40821073f });
     set_f32_arr("clip.vision.image_std", { 0.26862954f, 0.26130258f, 0.27577711f });
 
@@ -300,23 +418,16 @@ std::unique_ptr<temp_file> write_tiny_mmproj_temp(const tiny_mmproj_config & c) 
     return f;
 }
 
-image_geometry expected_image_geometry(const tiny_mmproj_config & c, int32_t nx, int32_t ny, int32_t image_min_tokens,
-                                       int32_t image_max_tokens) {
+namespace {
+
+// One chunk of `n_tokens` image embeddings in a row with 1-D positions (every projector but Qwen2-VL's family).
+image_geometry one_row(int32_t width, int32_t height, int32_t n_tokens) {
+    return { width, height, n_tokens, 1, n_tokens, n_tokens };
+}
+
+image_geometry dynamic_geometry(const tiny_mmproj_config & c, int32_t nx, int32_t ny, int32_t image_min_tokens,
+                                int32_t image_max_tokens) {
     image_geometry g;
-    if (nx <= 0 || ny <= 0) {
-        return g;
-    }
-    if (c.type == mmproj_type::llava_mlp) {
-        // mtmd_image_preprocessor_fixed_size: resize to image_size^2; every patch is a token (the class token is
-        // dropped by the "patches" get_rows); clip_n_output_tokens_x = n_tokens, _y = 1.
-        const int32_t grid = llava_grid(c);
-        g.width = g.height = c.image_size;
-        g.n_tokens         = grid * grid;
-        g.tokens_x         = g.n_tokens;
-        g.tokens_y         = 1;
-        g.n_pos            = g.n_tokens;
-        return g;
-    }
     // mtmd_image_preprocessor_dyn_size with img_tool::calc_size_preserved_ratio (float arithmetic as there):
     // align a = patch_size * n_merge (n_merge = 2), min/max pixels = {8, 4096} merged tokens * a^2
     // (clip_model_loader::load_hparams, set_limit_image_tokens(8, 4096); custom_image_{min,max}_tokens win).
@@ -345,6 +456,116 @@ image_geometry expected_image_geometry(const tiny_mmproj_config & c, int32_t nx,
     g.n_tokens = g.tokens_x * g.tokens_y;
     g.n_pos    = std::max(g.tokens_x, g.tokens_y);
     return g;
+}
+
+
+// LLaVA-NeXT's best resolution (mtmd_image_preprocessor_llava_uhd::select_best_resolution, float arithmetic as there):
+// the candidate showing most of the image once resized into it with its aspect kept, then the least padding.
+std::pair<int32_t, int32_t> best_resolution(const std::vector<std::pair<int32_t, int32_t>> & candidates, int32_t nx,
+                                            int32_t ny) {
+    std::pair<int32_t, int32_t> best;
+    int32_t                     best_effective = 0, least_waste = std::numeric_limits<int32_t>::max();
+    for (const auto & [w, h] : candidates) {
+        const float   scale     = std::min(float(w) / float(nx), float(h) / float(ny));
+        const int32_t effective = std::min(int32_t(float(nx) * scale) * int32_t(float(ny) * scale), nx * ny);
+        const int32_t waste     = w * h - effective;
+        if (effective > best_effective || (effective == best_effective && waste < least_waste)) {
+            best_effective = effective;
+            least_waste    = waste;
+            best           = { w, h };
+        }
+    }
+    return best;
+}
+
+// The tile candidates of a llava-uhd preprocessor: LLaVA-NeXT's pinpoints, or InternVL's a x b tiles with
+// 1 <= a * b <= 12 (clip.cpp set_internvl_dhr_res_candidates, default preproc_min/max_tiles).
+std::vector<std::pair<int32_t, int32_t>> tile_candidates(const tiny_mmproj_config & c) {
+    std::vector<std::pair<int32_t, int32_t>> out;
+    if (c.type == mmproj_type::llava_next) {
+        for (size_t i = 0; i + 1 < c.grid_pinpoints.size(); i += 2) {
+            out.emplace_back(c.grid_pinpoints[i], c.grid_pinpoints[i + 1]);
+        }
+        return out;
+    }
+    for (int32_t a = 1; a <= 12; ++a) {
+        for (int32_t b = 1; b <= 12 / a; ++b) {
+            out.emplace_back(a * c.image_size, b * c.image_size);
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+image_layout expected_image_layout(const tiny_mmproj_config & c, int32_t nx, int32_t ny, int32_t image_min_tokens,
+                                   int32_t image_max_tokens) {
+    image_layout l;
+    if (nx <= 0 || ny <= 0) {
+        return l;
+    }
+    const int32_t S = c.image_size, g = vit_grid(c);
+    const int32_t per_tile = pixel_shuffle(c.type) ? (g / c.scale_factor) * (g / c.scale_factor) : g * g;
+    switch (c.type) {
+        case mmproj_type::qwen2vl_merger:
+        case mmproj_type::qwen25vl_merger:
+            l.chunks.push_back(dynamic_geometry(c, nx, ny, image_min_tokens, image_max_tokens));
+            return l;
+        case mmproj_type::llava_mlp:
+            // mtmd_image_preprocessor_fixed_size: resize to image_size^2; every patch is a token (the class token is
+            // dropped by the "patches" get_rows); clip_n_output_tokens_x = n_tokens, _y = 1.
+            l.chunks.push_back(one_row(S, S, per_tile));
+            return l;
+        case mmproj_type::llava_next:
+        case mmproj_type::internvl:
+            // llava-uhd slicing: an image within one tile is the overview alone; a larger one is resized into the
+            // best candidate (aspect kept, padded) and cut into image_size tiles, row-major, the overview last.
+            if (nx > S || ny > S) {
+                const auto [w, h] = best_resolution(tile_candidates(c), nx, ny);
+                l.tiles_x = w / S;
+                l.tiles_y = h / S;
+            }
+            break;
+        case mmproj_type::idefics3: {
+            // Idefics3: the longest side resized to preproc_image_size (small images too), the other side kept in
+            // proportion (made even), then stretched to whole tiles; always a grid, the overview last.
+            const double aspect = double(nx) / double(ny);
+            int32_t      w = c.preproc_image_size, h = c.preproc_image_size;
+            if (nx >= ny) {
+                h = int32_t(c.preproc_image_size / aspect);
+                h += h % 2;
+            } else {
+                w = int32_t(c.preproc_image_size * aspect);
+                w += w % 2;
+            }
+            l.tiles_x = (w + S - 1) / S;
+            l.tiles_y = (h + S - 1) / S;
+            break;
+        }
+    }
+    for (int32_t i = 0; i < l.tiles_x * l.tiles_y; ++i) {
+        l.chunks.push_back(one_row(S, S, per_tile));
+    }
+    l.chunks.push_back(one_row(S, S, per_tile));  // the overview
+    return l;
+}
+
+int32_t image_layout::n_tokens() const {
+    int32_t n = 0;
+    for (const image_geometry & g : chunks) {
+        n += g.n_tokens;
+    }
+    return n;
+}
+
+image_geometry expected_image_geometry(const tiny_mmproj_config & c, int32_t nx, int32_t ny, int32_t image_min_tokens,
+                                       int32_t image_max_tokens) {
+    const image_layout l = expected_image_layout(c, nx, ny, image_min_tokens, image_max_tokens);
+    if (l.chunks.size() > 1) {
+        throw std::invalid_argument("expected_image_geometry: the image is " + std::to_string(l.chunks.size()) +
+                                    " chunks (expected_image_layout)");
+    }
+    return l.chunks.empty() ? image_geometry{} : l.chunks[0];
 }
 
 std::vector<uint8_t> make_test_image_rgb(int32_t nx, int32_t ny, uint64_t seed) {

@@ -28,8 +28,12 @@ struct mtmd_bitmap;
 namespace ecokv::test {
 
 enum class mmproj_type {
-    qwen2vl_merger,  // clip.projector_type "qwen2vl_merger"
-    llava_mlp,       // clip.projector_type "mlp" (LLaVA-1.5)
+    qwen2vl_merger,   // clip.projector_type "qwen2vl_merger"
+    llava_mlp,        // clip.projector_type "mlp" (LLaVA-1.5)
+    llava_next,       // "mlp" with clip.vision.image_grid_pinpoints (LLaVA-NeXT / 1.6: anyres tiles)
+    qwen25vl_merger,  // "qwen2.5vl_merger" (Qwen2.5-VL: RMSNorm, gated FFN, window attention)
+    internvl,         // "internvl" (InternVL 2.5 / 3: InternViT, pixel shuffle, tiles)
+    idefics3,         // "idefics3" (Idefics3 / SmolVLM: SigLIP, pixel shuffle, tiles with text between them)
 };
 
 const char * mmproj_type_name(mmproj_type t);  // the clip.projector_type string
@@ -46,6 +50,11 @@ struct tiny_mmproj_config {
     int32_t n_ff        = 64;  // must differ from n_embd (mtmd swaps ffn_up/ffn_down of "legacy" files otherwise)
     int32_t n_embd_text = 64;  // projector output = clip.vision.projection_dim; must equal the text model's n_embd
     uint64_t seed       = 1;
+    // llava_next: (width, height) pairs, multiples of image_size (a smaller edge tile aborts the llava graph)
+    std::vector<int32_t> grid_pinpoints = { 56, 112, 112, 56, 112, 112 };
+    int32_t n_wa_pattern       = 2;    // qwen25vl_merger: every n-th ViT block attends globally, the others by window
+    int32_t scale_factor       = 2;    // internvl / idefics3: pixel shuffle; must divide image_size / patch_size
+    int32_t preproc_image_size = 128;  // idefics3: the longest side images are resized to before tiling
     // Negative tests: metadata keys (e.g. "clip.vision.patch_size") or tensor names (e.g. "mm.2.bias") to leave
     // out of the file. Unknown names are ignored.
     std::vector<std::string> omit;
@@ -96,8 +105,29 @@ struct image_geometry {
     int32_t n_pos    = 0;               // positions it advances n_past by
 };
 
+//   qwen25vl_merger: as qwen2vl_merger.
+// Tiled projectors make several chunks of one image, each a row of tokens with 1-D positions (expected_image_layout).
+struct image_layout {
+    // In prompt order: the tiles row-major, then the overview (last in mtmd 0.5.0 for all three tiled projectors).
+    std::vector<image_geometry> chunks;
+    int32_t tiles_x = 0, tiles_y = 0;  // 0: the image is one chunk
+    int32_t n_tokens() const;          // embeddings of all chunks
+};
+
+// What mtmd 0.5.0 makes of an nx-by-ny image, from its preprocessing rules (computed independently of mtmd):
+//   llava_next, internvl: llava-uhd slicing: an image within image_size^2 is one chunk (the overview); otherwise the
+//       candidate resolution (pinpoints; InternVL a x b tiles, a b <= 12) showing most of the image, then with the
+//       least padding, cut into image_size tiles, then the overview; (image_size/patch_size)^2 tokens per chunk
+//       (internvl: divided by scale_factor^2);
+//   idefics3: the longest side resized to preproc_image_size, the other in proportion (made even), rounded up to
+//       whole tiles; always the tiles then the overview, (image_size/patch_size/scale_factor)^2 tokens each;
+//   the others: one chunk, expected_image_geometry.
 // image_min_tokens / image_max_tokens: as mtmd_context_params (values <= 0 keep the defaults 8 / 4096); they only
-// affect qwen2vl_merger.
+// affect qwen2vl_merger and qwen25vl_merger (idefics3 takes another path with them, not modelled here).
+image_layout expected_image_layout(const tiny_mmproj_config & c, int32_t nx, int32_t ny, int32_t image_min_tokens = -1,
+                                   int32_t image_max_tokens = -1);
+
+// The geometry of an image mtmd keeps in one chunk; throws std::invalid_argument when it makes several.
 image_geometry expected_image_geometry(const tiny_mmproj_config & c, int32_t nx, int32_t ny,
                                        int32_t image_min_tokens = -1, int32_t image_max_tokens = -1);
 
