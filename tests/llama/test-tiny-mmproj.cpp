@@ -479,9 +479,17 @@ class TinyMmprojFamily : public ::testing::TestWithParam<family_case> {};
 
 // The image chunks mtmd makes (count, tokens, grid) are those expected_image_layout computes from the preprocessing
 // rules, for an image within one tile, a 4:3 one and a wide one; the embeddings are finite and depend on the image.
+// A byte-level BPE vocabulary: Idefics3's layout looks "\n", "\n\n" and its image tokens up by their text.
+t::tiny_config bpe_config(const std::string & arch) {
+    t::tiny_config c = text_config(arch);
+    c.tokenizer      = "bpe";
+    c.n_vocab        = 300;
+    return c;
+}
+
 TEST_P(TinyMmprojFamily, ImageChunksAreTheExpectedLayout) {
     const family_case   fc = GetParam();
-    const t::tiny_model m  = t::make_tiny_model(text_config(fc.arch));
+    const t::tiny_model m  = t::make_tiny_model(bpe_config(fc.arch));
     auto                mc = mmproj_config(fc.type, m.config().n_embd);
     mc.n_block             = 2;
     const auto f           = t::write_tiny_mmproj_temp(mc);
@@ -514,7 +522,42 @@ TEST_P(TinyMmprojFamily, ImageChunksAreTheExpectedLayout) {
         EXPECT_GT(stddev(e), 0.05);
         std::printf("[ info     ] %s %dx%d: %zu image chunks (%d x %d tiles), %d tokens\n", fc.name, nx, ny,
                     images.size(), want.tiles_x, want.tiles_y, want.n_tokens());
+        lctx_ptr  lctx   = make_lctx(m);
+        llama_pos n_past = -1;
+        ASSERT_EQ(mtmd_helper_eval_chunks(ctx.get(), lctx.get(), chunks.get(), 0, 0, 512, true, &n_past), 0)
+            << take_errors();
+        EXPECT_TRUE(all_finite(last_logits(lctx.get(), m)));
     }
+}
+
+// Idefics3's prompt, counted by hand: each tile after "<fake_token_around_image><row_Y_col_X>" (13 bytes, one token
+// each in this vocabulary), "\n" after every row but the last, then "\n\n<fake_token_around_image><global-img>", the
+// overview, "<fake_token_around_image>". 112x84 is 3 x 2 tiles of 4 tokens (expected_image_layout).
+TEST(TinyMmprojIdefics3, TextAroundTheTilesIsTheModelsLayout) {
+    const t::tiny_model m  = t::make_tiny_model(bpe_config("llama"));
+    const auto          mc = mmproj_config(t::mmproj_type::idefics3, m.config().n_embd);
+    const auto          f  = t::write_tiny_mmproj_temp(mc);
+    mtmd_ptr            ctx = init_mtmd(f->path(), m.get());
+    ASSERT_TRUE(ctx) << take_errors();
+    const t::bitmap_ptr bmp = t::make_test_bitmap(112, 84, 4);
+    chunks_ptr          chunks;
+    ASSERT_EQ(tokenize(ctx.get(), media_prompt(1), { bmp.get() }, chunks), 0) << take_errors();
+    std::vector<std::pair<bool, size_t>> got;  // (image, tokens) per chunk
+    for (size_t i = 0; i < mtmd_input_chunks_size(chunks.get()); ++i) {
+        const mtmd_input_chunk * c = mtmd_input_chunks_get(chunks.get(), i);
+        got.emplace_back(mtmd_input_chunk_get_type(c) == MTMD_INPUT_CHUNK_TYPE_IMAGE, mtmd_input_chunk_get_n_tokens(c));
+    }
+    const size_t describe = 9, fake = 1, row_col = 13, newline = 1, please = 7;
+    const std::vector<std::pair<bool, size_t>> want = {
+        { false, describe + fake + row_col }, { true, 4 }, { false, fake + row_col }, { true, 4 },
+        { false, fake + row_col },            { true, 4 }, { false, newline + fake + row_col }, { true, 4 },
+        { false, fake + row_col },            { true, 4 }, { false, fake + row_col }, { true, 4 },
+        { false, 3 },                         { true, 4 }, { false, fake + please },
+    };
+    EXPECT_EQ(got, want);
+    const std::vector<llama_token> tail = chunk_text(mtmd_input_chunks_get(chunks.get(), got.size() - 3));
+    EXPECT_EQ(tail, tokenize_text(m.get(), "\n\n<fake_token_around_image><global-img>"));
+    EXPECT_EQ(tail.size(), 3u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TinyMmprojFamily,

@@ -267,6 +267,60 @@ uint64_t weight_bytes_estimate(const gguf_context * g, const tiny_config & c) {
     return total;
 }
 
+// GPT-2's byte-level alphabet: byte b is the character b where printable, else U+0100 + (its rank among the others).
+std::string byte_piece(int32_t b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    int32_t    cp        = b;
+    if (!printable) {
+        cp = 256;
+        for (int32_t x = 0; x < b; ++x) {
+            cp += (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174 ? 0 : 1;
+        }
+    }
+    return cp < 0x80 ? std::string(1, char(cp))
+                     : std::string{ char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F)) };  // cp < 0x800
+}
+
+// A byte-level BPE vocabulary (tokenizer "gpt2") without merges but one: every byte is a token, so any text
+// tokenizes; then the pieces projectors look up by text (Idefics3's "\n\n", <fake_token_around_image>,
+// <global-img>) and a chat template's control tokens; <unused_i> fill up to n_vocab.
+void set_bpe_vocab(gguf_context * g, int32_t n_vocab) {
+    std::vector<std::string> words;
+    std::vector<int32_t>     types;
+    for (int32_t b = 0; b < 256; ++b) {
+        words.push_back(byte_piece(b));
+        types.push_back(1);  // LLAMA_TOKEN_TYPE_NORMAL
+    }
+    words.push_back(byte_piece('\n') + byte_piece('\n'));
+    types.push_back(1);
+    for (const char * special : { "<|im_start|>", "<|im_end|>", "<fake_token_around_image>", "<global-img>",
+                                  "<end_of_utterance>" }) {
+        words.push_back(special);
+        types.push_back(3);  // LLAMA_TOKEN_TYPE_CONTROL
+    }
+    if (int32_t(words.size()) > n_vocab) {
+        throw std::invalid_argument("tiny_model: the bpe tokenizer needs n_vocab >= " + std::to_string(words.size()));
+    }
+    for (int32_t i = int32_t(words.size()); i < n_vocab; ++i) {
+        words.push_back("<unused_" + std::to_string(i) + ">");
+        types.push_back(5);  // LLAMA_TOKEN_TYPE_UNUSED
+    }
+    std::vector<const char *> ptrs;
+    for (const std::string & w : words) {
+        ptrs.push_back(w.c_str());
+    }
+    const std::string merge = byte_piece('\n') + " " + byte_piece('\n');
+    const char *      merges[] = { merge.c_str() };
+    gguf_set_val_str(g, "tokenizer.ggml.model", "gpt2");
+    gguf_set_val_str(g, "tokenizer.ggml.pre", "default");
+    gguf_set_arr_str(g, "tokenizer.ggml.tokens", ptrs.data(), ptrs.size());
+    gguf_set_arr_data(g, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types.data(), types.size());
+    gguf_set_arr_str(g, "tokenizer.ggml.merges", merges, 1);
+    gguf_set_val_u32(g, "tokenizer.ggml.bos_token_id", 257);  // <|im_start|>
+    gguf_set_val_u32(g, "tokenizer.ggml.eos_token_id", 258);  // <|im_end|>
+    gguf_set_val_bool(g, "tokenizer.ggml.add_bos_token", false);
+}
+
 std::unique_ptr<gguf_context, gguf_deleter> make_metadata(const tiny_config & c) {
     std::unique_ptr<gguf_context, gguf_deleter> g(gguf_init_empty());
     const std::string a = c.arch;
@@ -287,17 +341,20 @@ std::unique_ptr<gguf_context, gguf_deleter> make_metadata(const tiny_config & c)
         gguf_set_arr_data(g.get(), k("rope.dimension_sections").c_str(), GGUF_TYPE_INT32, c.rope_sections.data(), 4);
     }
 
-    // dummy tokenizer (upstream tests/test-llama-archs.cpp): no special tokens, ids are fed directly
-    std::vector<std::string>  words(size_t(c.n_vocab));
-    std::vector<const char *> ptrs(size_t(c.n_vocab));
-    std::vector<float>        scores(size_t(c.n_vocab), 0.0f);
-    for (int32_t i = 0; i < c.n_vocab; ++i) {
-        words[size_t(i)] = "tok_" + std::to_string(i);
-        ptrs[size_t(i)]  = words[size_t(i)].c_str();
+    if (c.tokenizer == "bpe") {
+        set_bpe_vocab(g.get(), c.n_vocab);
+    } else {  // dummy tokenizer (upstream tests/test-llama-archs.cpp): no special tokens, ids are fed directly
+        std::vector<std::string>  words(size_t(c.n_vocab));
+        std::vector<const char *> ptrs(size_t(c.n_vocab));
+        std::vector<float>        scores(size_t(c.n_vocab), 0.0f);
+        for (int32_t i = 0; i < c.n_vocab; ++i) {
+            words[size_t(i)] = "tok_" + std::to_string(i);
+            ptrs[size_t(i)]  = words[size_t(i)].c_str();
+        }
+        gguf_set_val_str(g.get(), "tokenizer.ggml.model", "test");
+        gguf_set_arr_str(g.get(), "tokenizer.ggml.tokens", ptrs.data(), ptrs.size());
+        gguf_set_arr_data(g.get(), "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores.data(), scores.size());
     }
-    gguf_set_val_str(g.get(), "tokenizer.ggml.model", "test");
-    gguf_set_arr_str(g.get(), "tokenizer.ggml.tokens", ptrs.data(), ptrs.size());
-    gguf_set_arr_data(g.get(), "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores.data(), scores.size());
     declare_matrices(g.get(), c);
     return g;
 }
@@ -320,6 +377,9 @@ void validate(const tiny_config & c) {
             throw std::invalid_argument("tiny_model: rope_sections must be >= 0 with sections[3] == 0 and a sum in "
                                         "(0, head_dim]");
         }
+    }
+    if (c.tokenizer != "test" && c.tokenizer != "bpe") {
+        throw std::invalid_argument("tiny_model: tokenizer must be test or bpe, not " + c.tokenizer);
     }
     matrix_type(c.weight_type);
     if (c.n_threads < 1) {

@@ -30,6 +30,10 @@ struct tiny_config {
     int32_t n_layer = 2, n_embd = 64, n_head = 4, n_head_kv = 2, n_ff = 128, n_vocab = 128, n_ctx_train = 4096;
     float    rope_freq_base = 10000;
     uint64_t seed = 1;
+    // "test": llama.cpp's dummy tokenizer (token ids are fed directly; no piece text). "bpe": a byte-level BPE
+    // vocabulary (every byte a token, then "\n\n", <|im_start|> (BOS), <|im_end|> (EOS), <fake_token_around_image>,
+    // <global-img>, <end_of_utterance>; needs n_vocab >= 262), for projectors whose mtmd layout looks pieces up by text.
+    std::string tokenizer = "test";
     // qwen2vl only: M-RoPE sections (t, y, x, extra) counted in rotation pairs (head_dim/2 in all). The extra
     // section must be 0 (as in Qwen2-VL): llama.cpp fills plane 3 inconsistently (t for text, 0 from mtmd images).
     std::array<int32_t, 4> rope_sections = { 2, 3, 3, 0 };
