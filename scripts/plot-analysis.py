@@ -140,9 +140,13 @@ def main():
                      ("recent-kept", recent_kept)):
         fn(j, os.path.join(d, name + ".png"))
         written.append(name + ".png")
+    # One map per image, over the chunk that shows all of it: a tiled image's overview is its last part.
     for i, image in enumerate(j.get("images", [])):
-        kept_map(j, image, os.path.join(d, f"kept-map-{i}.png"))
-        written.append(f"kept-map-{i}.png")
+        if image.get("part", 0) + 1 != image.get("n_parts", 1):
+            continue
+        name = f"kept-map-{image.get('image', i)}.png"
+        kept_map(j, image, os.path.join(d, name))
+        written.append(name)
     print(f"plots: {', '.join(written)} in {d}")
 
 

@@ -48,6 +48,11 @@ media_grid image_grid(const mtmd_image_tokens * t, int32_t first_cell) {
     return side * side == n ? media_grid{ first_cell, side, side } : media_grid{ first_cell, 1, n };
 }
 
+// The unit naming chunk `part` of an image: its content hash, told apart per chunk for tiled images.
+uint64_t image_unit(uint64_t hash, int32_t part) {
+    return k_image_unit | ((hash ^ (uint64_t(part) * 0x9e3779b97f4a7c15ull)) & (k_image_unit - 1));
+}
+
 }  // namespace
 
 std::string media_marker() { return mtmd_default_marker(); }
@@ -135,6 +140,7 @@ prompt session::make_prompt_from_memory(const std::string & text, const std::vec
         if (!bitmaps.back()) {
             throw image_error(i, "cannot decode the image (not a whole PNG, JPEG, BMP or GIF, or too large to decode)");
         }
+        mtmd_bitmap_set_id(bitmaps.back().get(), std::to_string(i).c_str());  // every chunk of the image carries it
         ptrs.push_back(bitmaps.back().get());
         hashes.push_back(image_hash(images[i]));
     }
@@ -146,7 +152,7 @@ prompt session::make_prompt_from_memory(const std::string & text, const std::vec
         throw error(rc == 1 ? "the prompt's media markers do not match the number of images"
                             : impl_->opts.mmproj_path + ": an image could not be preprocessed for this projector");
     }
-    size_t n_images = 0;
+    std::vector<int32_t> parts(images.size(), 0);  // chunks seen per image
     for (size_t i = 0; i < mtmd_input_chunks_size(p->chunks.get()); ++i) {
         const mtmd_input_chunk * c    = mtmd_input_chunks_get(p->chunks.get(), i);
         const auto               type = mtmd_input_chunk_get_type(c);
@@ -159,15 +165,23 @@ prompt session::make_prompt_from_memory(const std::string & text, const std::vec
                 p->cells.push_back(int32_t(p->modality.size() + t));
                 p->units.push_back(uint64_t(text[t]));
             }
-        } else {  // one unit per image, named by its content
+        } else {  // one unit per image chunk, named by the image's content and the chunk's place in it
+            const size_t image = std::stoul(mtmd_input_chunk_get_id(c));
+            const int32_t part = parts.at(image)++;
             if (m == 1) {
-                p->images.push_back(image_grid(mtmd_input_chunk_get_tokens_image(c), int32_t(p->modality.size())));
+                media_grid g = image_grid(mtmd_input_chunk_get_tokens_image(c), int32_t(p->modality.size()));
+                g.image      = int32_t(image);
+                g.part       = part;
+                p->images.push_back(g);
             }
             p->cells.push_back(int32_t(p->modality.size()));
-            p->units.push_back(k_image_unit | (n_images < hashes.size() ? hashes[n_images++] : 0));
+            p->units.push_back(image_unit(hashes[image], part));
         }
         p->modality.insert(p->modality.end(), n, m);
         p->n_media += m != 0 ? int32_t(n) : 0;
+    }
+    for (media_grid & g : p->images) {
+        g.n_parts = parts[size_t(g.image)];
     }
     p->cells.push_back(int32_t(p->modality.size()));
     p->n_cells = int32_t(mtmd_helper_get_n_tokens(p->chunks.get()));

@@ -627,4 +627,29 @@ tiny_vlm_files write_tiny_vlm(const std::string & dir, const std::string & arch,
     return f;
 }
 
+const std::vector<vlm_family> & vlm_families() {
+    static const std::vector<vlm_family> families = {
+        { "llava-1.5", "llama", mmproj_type::llava_mlp },        { "qwen2-vl", "qwen2vl", mmproj_type::qwen2vl_merger },
+        { "llava-next", "llama", mmproj_type::llava_next },      { "qwen2.5-vl", "qwen2vl", mmproj_type::qwen25vl_merger },
+        { "internvl3", "qwen2", mmproj_type::internvl },         { "smolvlm", "llama", mmproj_type::idefics3 },
+    };
+    return families;
+}
+
+tiny_vlm_files write_tiny_vlm(const std::string & dir, const vlm_family & family) {
+    tiny_config c;
+    c.arch      = family.arch;
+    c.tokenizer = "bpe";
+    c.n_vocab   = 300;
+    const tiny_model m = make_tiny_model(c);
+    tiny_vlm_files   f{ dir + "/model.gguf", dir + "/mmproj.gguf" };
+    llama_model_save_to_file(m.get(), f.model.c_str());
+    tiny_mmproj_config p;
+    p.type        = family.projector;
+    p.n_block     = 2;
+    p.n_embd_text = c.n_embd;
+    write_tiny_mmproj(f.mmproj, p);
+    return f;
+}
+
 }  // namespace ecokv::test

@@ -145,6 +145,17 @@ struct tiny_vlm_files {
 };
 tiny_vlm_files write_tiny_vlm(const std::string & dir, const std::string & arch, mmproj_type type);
 
+// The VLM families ecokv is tested on: the text model's arch and the projector, paired as the published GGUFs are.
+struct vlm_family {
+    const char * name;       // e.g. "llava-next"
+    const char * arch;       // the text model's general.architecture
+    mmproj_type  projector;
+};
+const std::vector<vlm_family> & vlm_families();
+
+// write_tiny_vlm for a family, with the bpe tokenizer (n_vocab 300): every family's layout tokenizes, Idefics3's too.
+tiny_vlm_files write_tiny_vlm(const std::string & dir, const vlm_family & family);
+
 struct mtmd_bitmap_deleter {
     void operator()(mtmd_bitmap * b) const;  // mtmd_bitmap_free
 };

@@ -18,7 +18,10 @@ void with_model_capture(const cxxopts::ParseResult & args, const method_requirem
     nlohmann::json         images = nlohmann::json::array();
     for (size_t i = 0; i < p.images().size(); ++i) {
         const llama::media_grid & g = p.images()[i];
-        images.push_back({ { "path", o.images.at(i) },  // as given: relative to where ecokv ran
+        images.push_back({ { "path", o.images.at(size_t(g.image)) },  // as given: relative to where ecokv ran
+                           { "image", g.image },
+                           { "part", g.part },  // tiled projectors: the tiles row-major, then the overview
+                           { "n_parts", g.n_parts },
                            { "first_cell", g.first_cell },
                            { "rows", g.n_rows },
                            { "cols", g.n_cols } });

@@ -13,7 +13,8 @@ namespace ecokv::tools {
 
 // Prefills the prompt of the options (its context in question mode) with what `needs` asks of the capture, then calls
 // `analyse` with the capture and a description of the input: the model, the prompt's cells, and per image its file
-// and where its tokens lie ({"path", "first_cell", "rows", "cols"}).
+// and where each image chunk's tokens lie ({"path", "image", "part", "n_parts", "first_cell", "rows", "cols"}; tiled
+// projectors make several chunks of one image).
 void with_model_capture(const cxxopts::ParseResult & args, const method_requirements & needs,
                         const std::function<void(const capture_view &, const nlohmann::json &)> & analyse);
 

@@ -84,11 +84,15 @@ std::vector<device_info> list_devices();
 // Whether this build can offload layers (llama_supports_gpu_offload: a GPU backend with a device).
 bool gpu_offload_supported();
 
-// Where one image's tokens lie in a prompt: cells [first_cell, first_cell + n_rows * n_cols), row-major. For
+// Where one image chunk's tokens lie in a prompt: cells [first_cell, first_cell + n_rows * n_cols), row-major. For
 // M-RoPE projectors the grid is mtmd's; other projectors report only a count, taken as a square grid when it is
-// one (LLaVA's ViT patches) and as one row otherwise.
+// one (LLaVA's ViT patches) and as one row otherwise. Tiling projectors (LLaVA-NeXT, InternVL, Idefics3) make
+// several chunks of one image: its tiles, row-major, then the overview of the whole image, the last part.
 struct media_grid {
     int32_t first_cell = 0, n_rows = 0, n_cols = 0;
+    int32_t image = 0;    // which of the prompt's images
+    int32_t part = 0;     // which of its chunks
+    int32_t n_parts = 1;  // chunks of that image
 };
 
 // A chat prompt split where the question goes: `context` (template start + context text) is prefilled and
@@ -113,7 +117,7 @@ class prompt {
     int32_t                      n_cells() const;   // KV cells: text tokens + image embeddings
     int32_t                      n_media() const;   // image/audio cells
     const std::vector<uint8_t> & modality() const;  // per cell: 0 text, 1 image, 2 audio; empty for text
-    const std::vector<media_grid> & images() const;  // per image, in prompt order
+    const std::vector<media_grid> & images() const;  // per image chunk, in prompt order
     // The prompt as units: a text token is its id, an image is one unit, bit 63 set and a hash of its bytes below.
     // Two prompts that share a prefix of units share the cache of that prefix.
     const std::vector<uint64_t> & units() const;
