@@ -270,8 +270,93 @@ gguf_type clip_key_type(const std::string & k) {
     return GGUF_TYPE_COUNT;
 }
 
+// The projector types ecokv is tested on (tests/llama/tiny-mmproj.h), with what their tensors look like.
+struct projector_traits {
+    bool merger      = false;  // Qwen2-VL's family: two patch kernels, no learned positions, 2x2 patches merged
+    bool rms_blocks  = false;  // Qwen2.5-VL: RMSNorm, gated FFN, Q/K/V biases the graph needs
+    bool class_token = false;  // a class embedding (and a position for it)
+    bool positions   = false;  // learned positions, required
+    bool shuffle     = false;  // pixel shuffle by clip.vision.projector.scale_factor (InternVL, Idefics3)
+};
+
+std::optional<projector_traits> traits_of(const std::string & type) {
+    if (type == "qwen2vl_merger" || type == "qwen2.5vl_merger") {
+        return projector_traits{ true, type == "qwen2.5vl_merger", false, false, false };
+    }
+    if (type == "mlp") {
+        return projector_traits{ false, false, true, true, false };
+    }
+    if (type == "internvl") {
+        return projector_traits{ false, false, true, true, true };
+    }
+    if (type == "idefics3") {
+        return projector_traits{ false, false, false, false, true };
+    }
+    return std::nullopt;
+}
+
+// The projector from the ViT's width to the text model's (n_out).
+void check_projector(const gguf_file & f, const std::string & type, const projector_traits & t, int64_t n_embd,
+                     int64_t grid, int64_t n_out) {
+    if (t.merger) {  // 2x2 neighbouring patches merged into one token: [4 n_embd] -> [4 n_embd] -> [n_out]
+        const int64_t m = n_embd * 4;
+        f.expect("mm.0.weight", { m, m });
+        f.expect("mm.0.bias", { m });
+        f.expect("mm.2.weight", { m, n_out });
+        f.expect("mm.2.bias", { n_out });
+    } else if (t.shuffle) {  // s x s patches stacked into one token of s^2 n_embd values
+        const int64_t sf = f.u32("clip.vision.projector.scale_factor", 1, 64, 1);
+        if (sf < (type == "idefics3" ? 2 : 1) || grid % sf != 0) {
+            f.fail("the pixel shuffle's scale factor " + std::to_string(sf) + " must be " +
+                   (type == "idefics3" ? "at least 2 and " : "") + "divide the " + std::to_string(grid) +
+                   " patches of a side");
+        }
+        const int64_t m = n_embd * sf * sf;
+        if (type == "idefics3") {
+            f.expect("mm.model.fc.weight", { m, n_out });
+            return;
+        }
+        f.expect("mm.model.mlp.0.weight", { m });
+        f.expect("mm.model.mlp.0.bias", { m });
+        f.expect("mm.model.mlp.1.weight", { m, n_out });
+        f.expect("mm.model.mlp.1.bias", { n_out });
+        f.expect("mm.model.mlp.3.weight", { n_out, n_out });
+        f.expect("mm.model.mlp.3.bias", { n_out });
+    } else {  // LLaVA's two-layer MLP: [n_embd] -> [hidden] -> [n_out]
+        const ggml_tensor * up = f.tensor("mm.0.weight");
+        if (up == nullptr) {
+            f.fail("tensor 'mm.0.weight' is missing");
+        }
+        const int64_t hidden = up->ne[1];
+        f.expect("mm.0.weight", { n_embd, hidden });
+        f.expect("mm.0.bias", { hidden });
+        f.expect("mm.2.weight", { hidden, n_out });
+        f.expect("mm.2.bias", { n_out });
+    }
+}
+
+// LLaVA-NeXT's tiles: (width, height) pairs of whole tiles, as an INT32 array (what mtmd reads).
+void check_pinpoints(const gguf_file & f, int64_t image) {
+    const int64_t id = f.key("clip.vision.image_grid_pinpoints");
+    if (id < 0) {
+        return;
+    }
+    f.expect_type(id, GGUF_TYPE_ARRAY, GGUF_TYPE_INT32);
+    const size_t    n = gguf_get_arr_n(f.ctx(), id);
+    const int32_t * v = static_cast<const int32_t *>(gguf_get_arr_data(f.ctx(), id));
+    if (n == 0 || n % 2 != 0) {
+        f.fail("key 'clip.vision.image_grid_pinpoints' holds " + std::to_string(n) + " values, not (width, height) pairs");
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if (v[i] <= 0 || v[i] % image != 0) {  // a partial tile is not square: mtmd's llava graph aborts
+            f.fail("key 'clip.vision.image_grid_pinpoints' holds " + std::to_string(v[i]) +
+                   ", not a multiple of the image size " + std::to_string(image));
+        }
+    }
+}
+
 // The vision tower (ViT blocks) and the projector of the projector types ecokv is tested on.
-void check_vision(const gguf_file & f, const std::string & type, int64_t n_embd_model) {
+void check_vision(const gguf_file & f, const std::string & type, const projector_traits & t, int64_t n_embd_model) {
     const int64_t n_embd  = f.u32("clip.vision.embedding_length", 1, 1 << 14);
     const int64_t n_head  = f.u32("clip.vision.attention.head_count", 1, 256);
     const int64_t n_ff    = f.u32("clip.vision.feed_forward_length", 1, 1 << 16);
@@ -287,14 +372,15 @@ void check_vision(const gguf_file & f, const std::string & type, int64_t n_embd_
         f.fail("the projector's output width is " + std::to_string(n_out) + ", the model's embedding width " +
                std::to_string(n_embd_model) + " (not made for this model?)");
     }
-    const bool merger = type == "qwen2vl_merger";
+    check_pinpoints(f, image);
+    const int64_t grid = image / patch;
     f.expect("v.patch_embd.weight", { patch, patch, 3, n_embd });
-    f.expect("v.patch_embd.weight.1", { patch, patch, 3, n_embd }, merger);
+    f.expect("v.patch_embd.weight.1", { patch, patch, 3, n_embd }, t.merger);
     f.expect("v.patch_embd.bias", { n_embd }, false);
-    if (!merger) {
-        const int64_t grid = image / patch, cls = f.tensor("v.class_embd") ? 1 : 0;
-        f.expect("v.class_embd", { n_embd }, false);
-        f.expect("v.position_embd.weight", { n_embd, grid * grid + cls });
+    f.expect("v.class_embd", { n_embd }, t.class_token && type == "internvl");
+    if (!t.merger) {
+        const int64_t cls = f.tensor("v.class_embd") ? 1 : 0;
+        f.expect("v.position_embd.weight", { n_embd, grid * grid + cls }, t.positions);
     }
     for (const char * norm : { "v.pre_ln", "v.post_ln" }) {
         f.expect(std::string(norm) + ".weight", { n_embd }, false);
@@ -304,34 +390,22 @@ void check_vision(const gguf_file & f, const std::string & type, int64_t n_embd_
         const std::string b = "v.blk." + std::to_string(il) + ".";
         for (const char * w : { "attn_q", "attn_k", "attn_v", "attn_out" }) {
             f.expect(b + w + ".weight", { n_embd, n_embd });
-            f.expect(b + w + ".bias", { n_embd }, false);
+            f.expect(b + w + ".bias", { n_embd }, t.rms_blocks && std::string(w) != "attn_out");
         }
         for (const char * norm : { "ln1", "ln2" }) {
             f.expect(b + norm + ".weight", { n_embd });
             f.expect(b + norm + ".bias", { n_embd }, false);
         }
+        for (const char * scale : { "ls1", "ls2" }) {
+            f.expect(b + scale + ".weight", { n_embd }, false);
+        }
+        f.expect(b + "ffn_gate.weight", { n_embd, n_ff }, false);
         f.expect(b + "ffn_up.weight", { n_embd, n_ff });
         f.expect(b + "ffn_up.bias", { n_ff }, false);
         f.expect(b + "ffn_down.weight", { n_ff, n_embd });
         f.expect(b + "ffn_down.bias", { n_embd }, false);
     }
-    if (merger) {  // 2x2 neighbouring patches merged into one token: [4 n_embd] -> [4 n_embd] -> [n_out]
-        const int64_t m = n_embd * 4;
-        f.expect("mm.0.weight", { m, m });
-        f.expect("mm.0.bias", { m });
-        f.expect("mm.2.weight", { m, n_out });
-        f.expect("mm.2.bias", { n_out });
-    } else {  // LLaVA's two-layer MLP: [n_embd] -> [hidden] -> [n_out]
-        const ggml_tensor * up = f.tensor("mm.0.weight");
-        if (up == nullptr) {
-            f.fail("tensor 'mm.0.weight' is missing");
-        }
-        const int64_t hidden = up->ne[1];
-        f.expect("mm.0.weight", { n_embd, hidden });
-        f.expect("mm.0.bias", { hidden });
-        f.expect("mm.2.weight", { hidden, n_out });
-        f.expect("mm.2.bias", { n_out });
-    }
+    check_projector(f, type, t, n_embd, grid, n_out);
 }
 
 }  // namespace
@@ -360,8 +434,8 @@ void check_projector_gguf(const std::string & path, int64_t n_embd_model) {
         }
     }
     const std::string type = f.str("clip.projector_type");
-    if (type == "mlp" || type == "qwen2vl_merger") {
-        check_vision(f, type, n_embd_model);
+    if (const std::optional<projector_traits> t = traits_of(type)) {
+        check_vision(f, type, *t, n_embd_model);
     }
 }
 

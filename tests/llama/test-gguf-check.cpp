@@ -4,6 +4,7 @@
 #include "gguf-check.h"
 
 #include "ecokv/error.h"
+#include "tiny-mmproj.h"
 
 #include <ggml.h>
 #include <gguf.h>
@@ -146,6 +147,51 @@ TEST(gguf_check, truncated_and_foreign_files_are_refused) {
     EXPECT_EQ(problem([&] { ecokv::llama::check_model_gguf(cut); }),
               cut + ": not a readable GGUF file (its header, key/values or tensor table are malformed or truncated)");
     std::remove(cut.c_str());
+}
+
+// Every family's files pass (tiny-mmproj.h vlm_families), and one defect of the kind each family's loader takes on
+// trust (a graph assert or a null tensor dereferenced while encoding) is refused by name.
+TEST(gguf_check, the_families_pass_and_their_defects_are_refused) {
+    const std::string dir = temp_path("families");
+    std::filesystem::create_directories(dir);
+    std::map<std::string, ecokv::test::tiny_vlm_files> files;
+    for (const auto & f : ecokv::test::vlm_families()) {
+        std::filesystem::create_directories(dir + "/" + f.name);
+        files[f.name] = ecokv::test::write_tiny_vlm(dir + "/" + f.name, f);
+        EXPECT_EQ(problem([&] { ecokv::llama::check_model_gguf(files[f.name].model); }), "") << f.name;
+        EXPECT_EQ(problem([&] { ecokv::llama::check_projector_gguf(files[f.name].mmproj, 64); }), "") << f.name;
+    }
+    const std::string a = rewrite(files["llava-next"].mmproj, "pinpoints.gguf", [](gguf_context * g) {
+        const int32_t p[4] = { 56, 60, 112, 56 };
+        gguf_set_arr_data(g, "clip.vision.image_grid_pinpoints", GGUF_TYPE_INT32, p, 4);
+    });
+    EXPECT_EQ(problem([&] { ecokv::llama::check_projector_gguf(a, 64); }),
+              a + ": key 'clip.vision.image_grid_pinpoints' holds 60, not a multiple of the image size 56");
+    const std::string b = rewrite(files["smolvlm"].mmproj, "shuffle.gguf",
+                                  [](gguf_context * g) { gguf_set_val_u32(g, "clip.vision.projector.scale_factor", 3); });
+    EXPECT_EQ(problem([&] { ecokv::llama::check_projector_gguf(b, 64); }),
+              b + ": the pixel shuffle's scale factor 3 must be at least 2 and divide the 4 patches of a side");
+    const std::string c = rewrite(files["internvl3"].mmproj, "mlp.gguf", [](gguf_context *) {},
+                                  { { "mm.model.mlp.1.weight", { 32, 64 } } });
+    EXPECT_EQ(problem([&] { ecokv::llama::check_projector_gguf(c, 64); }),
+              c + ": tensor 'mm.model.mlp.1.weight' has shape [32, 64, 1, 1], expected [128, 64] from the "
+                  "hyperparameters");
+    ecokv::test::tiny_mmproj_config no_bias;
+    no_bias.type = ecokv::test::mmproj_type::qwen25vl_merger;
+    no_bias.omit = { "v.blk.0.attn_q.bias" };
+    const std::string d = temp_path("qbias.gguf");
+    ecokv::test::write_tiny_mmproj(d, no_bias);
+    EXPECT_EQ(problem([&] { ecokv::llama::check_projector_gguf(d, 64); }), d + ": tensor 'v.blk.0.attn_q.bias' is missing");
+    ecokv::test::tiny_mmproj_config no_class;
+    no_class.type = ecokv::test::mmproj_type::internvl;
+    no_class.omit = { "v.class_embd" };
+    const std::string e = temp_path("class.gguf");
+    ecokv::test::write_tiny_mmproj(e, no_class);
+    EXPECT_EQ(problem([&] { ecokv::llama::check_projector_gguf(e, 64); }), e + ": tensor 'v.class_embd' is missing");
+    for (const auto & p : { a, b, c, d, e }) {
+        std::remove(p.c_str());
+    }
+    std::filesystem::remove_all(dir);
 }
 
 }  // namespace
