@@ -21,11 +21,13 @@ struct vision_fixture {
     temp_dir    dir;
     std::string model, mmproj, image;
 
-    vision_fixture(const std::string & arch, mmproj_type type) {
-        const tiny_vlm_files f = write_tiny_vlm(dir.path().string(), arch, type);
-        model                  = f.model;
-        mmproj                 = f.mmproj;
-        image                  = dir / "image.ppm";
+    vision_fixture(const std::string & arch, mmproj_type type) { use(write_tiny_vlm(dir.path().string(), arch, type)); }
+    explicit vision_fixture(const vlm_family & family) { use(write_tiny_vlm(dir.path().string(), family)); }
+
+    void use(const tiny_vlm_files & f) {
+        model  = f.model;
+        mmproj = f.mmproj;
+        image  = dir / "image.ppm";
         write_test_ppm(image, 112, 84, 5);
     }
 
@@ -128,6 +130,35 @@ TEST(run_vision, analyze_maps_image_tokens_to_their_grid) {
     lc.type = mmproj_type::llava_mlp;
     const vision_fixture l("llama", mmproj_type::llava_mlp);
     check_analyze_grid(l, "llava", {}, expected_image_geometry(lc, 112, 84));
+}
+
+// Every family through the CLI: run (a covering budget is the full cache; a small one compresses image and text with
+// per-head budgets) and analyze (one entry per image chunk: tiles then the overview, all of image 0).
+TEST(run_vision, every_family_runs_and_analyzes) {
+    for (const vlm_family & family : vlm_families()) {
+        SCOPED_TRACE(family.name);
+        const vision_fixture f(family);
+        const std::string    prompt = "describe <__media__> in words, then say more";
+        const json full = f.run_json({ "-p", prompt, "-m", "snapkv+ecokv", "-b", "1024", "-n", "6", "--compare-full" });
+        EXPECT_EQ(full["agreement"].get<double>(), 1.0);
+        EXPECT_LT(full["mean_kl"].get<double>(), 1e-6);
+        const json small = f.run_json({ "-p", prompt, "-m", "adakv+ecokv", "-b", "10", "--window", "2", "-n", "6",
+                                        "--compare-full" });
+        EXPECT_LT(small["kv_bytes_kept"].get<uint64_t>(), full["kv_bytes_kept"].get<uint64_t>());
+        const run_result r = run_cli(f.dir.path().string(), { "analyze", "--model", f.model, "--mmproj", f.mmproj,
+                                                              "--image", f.image, "-p", prompt, "-b", "8", "--window",
+                                                              "2", "--out", f.dir / "an", "--no-plots", "-t", "2" });
+        ASSERT_EQ(r.code, 0) << describe(r);
+        const json a = json::parse(read_file(std::string(f.dir / "an") + "/analysis.json"));
+        ASSERT_GE(a["images"].size(), 1u);
+        int32_t n_image = 0;
+        for (const json & im : a["images"]) {
+            EXPECT_EQ(im["image"].get<int>(), 0);
+            EXPECT_EQ(im["n_parts"].get<size_t>(), a["images"].size());
+            n_image += im["rows"].get<int>() * im["cols"].get<int>();
+        }
+        EXPECT_EQ(n_image, full["image_tokens"].get<int>());
+    }
 }
 
 TEST(run_vision, bad_inputs) {

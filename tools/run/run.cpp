@@ -2,6 +2,7 @@
 // cache, and report memory, time and (with --compare-full) agreement with the full cache. Without options it runs
 // the README's main job (run/main-job.h).
 #include "common/engine-flags.h"
+#include "common/json-text.h"
 #include "common/prompt-options.h"
 #include "run/main-job.h"
 #include "ecokv/capture.h"
@@ -16,6 +17,7 @@
 namespace {
 
 using ecokv::error;
+using ecokv::tools::json_text;
 using json   = nlohmann::json;
 namespace el = ecokv::llama;
 
@@ -297,7 +299,7 @@ int ecokv_run(int argc, char ** argv) {
         }
         const json out = o.prompt.main_job ? run_main_job(o) : run(o);
         if (o.json) {
-            std::printf("%s\n", out.dump().c_str());
+            std::printf("%s\n", json_text(out).c_str());
         } else if (o.prompt.main_job) {
             ecokv::tools::print_main_job(out);
         } else {

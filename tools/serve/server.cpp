@@ -1,6 +1,7 @@
 #include "server.h"
 
 #include "connections.h"
+#include "common/json-text.h"
 
 #include "ecokv/error.h"
 
@@ -18,6 +19,7 @@
 namespace ecokv::serve {
 
 using json = nlohmann::json;
+using ecokv::tools::json_text;
 namespace el = ecokv::llama;
 
 namespace {
@@ -86,10 +88,10 @@ void answer_json(const httplib::Request & req, httplib::Response & res, const st
         if (!body.is_object()) {
             throw bad_request("", "the request body must be a JSON object");
         }
-        res.set_content(fn(body).dump(), "application/json");
+        res.set_content(json_text(fn(body)), "application/json");
     } catch (const request_error & e) {
         res.status = e.status;
-        res.set_content(error_body(e).dump(), "application/json");
+        res.set_content(json_text(error_body(e)), "application/json");
     }
 }
 
@@ -291,7 +293,7 @@ void chat_server::routes() {
             json body  = error_body(request_error(401, "invalid_request_error", "",
                                                   "Incorrect or missing API key: send 'Authorization: Bearer <key>'"));
             body["error"]["code"] = "invalid_api_key";
-            res.set_content(body.dump(), "application/json");
+            res.set_content(json_text(body), "application/json");
             return httplib::Server::HandlerResponse::Handled;
         });
     }
@@ -304,7 +306,7 @@ void chat_server::routes() {
                                                       { "object", "model" },
                                                       { "created", 0 },
                                                       { "owned_by", "ecokv" } } }) } };
-        res.set_content(body.dump(), "application/json");
+        res.set_content(json_text(body), "application/json");
     });
     get("/metrics", [this](const httplib::Request &, httplib::Response & res) {
         res.set_content(metrics(), "text/plain; version=0.0.4");
@@ -352,7 +354,7 @@ void chat_server::routes() {
                             { "default_generation_settings",
                               { { "n_ctx", s_.n_ctx() }, { "max_tokens", o_.limits.max_tokens_default },
                                 { "kv_compression", o_.kv.compress ? o_.kv.server.key() : std::string(k_full_cache) } } } };
-        res.set_content(body.dump(), "application/json");
+        res.set_content(json_text(body), "application/json");
     });
     get("/slots", [this](const httplib::Request &, httplib::Response & res) {
         std::unique_lock<std::mutex> lock(slot_mutex_);
@@ -360,7 +362,7 @@ void chat_server::routes() {
         for (int32_t i = 0; i < o_.slots; ++i) {  // slots are places in the concurrency limit: busy ones first
             slots.push_back({ { "id", i }, { "n_ctx", s_.n_ctx() }, { "is_processing", i < busy_ } });
         }
-        res.set_content(slots.dump(), "application/json");
+        res.set_content(json_text(slots), "application/json");
     });
     for (const auto & route : { std::pair{ "/v1/chat/completions", &parse_chat_request },
                                 std::pair{ "/v1/completions", &parse_completion_request } }) {
@@ -372,11 +374,11 @@ void chat_server::routes() {
             } catch (const request_error & e) {
                 ++stats_->errors;
                 res.status = e.status;
-                res.set_content(error_body(e).dump(), "application/json");
+                res.set_content(json_text(error_body(e)), "application/json");
             } catch (const std::exception & e) {
                 ++stats_->errors;
                 res.status = 500;
-                res.set_content(error_body(request_error(500, "server_error", "", e.what())).dump(), "application/json");
+                res.set_content(json_text(error_body(request_error(500, "server_error", "", e.what()))), "application/json");
             }
         });
     }
@@ -388,7 +390,7 @@ void chat_server::routes() {
                                            "application/json: form-encoded bodies are limited to 8 KiB)"
                                          : "the request was refused (HTTP " + std::to_string(res.status) + ")";
             const request_error e(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", "", what);
-            res.set_content(error_body(e).dump(), "application/json");
+            res.set_content(json_text(error_body(e)), "application/json");
         }
     });
 }
@@ -532,10 +534,10 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
             c["choices"][0]["logprobs"] = { { "content", pending } };
             pending                     = json::array();
         }
-        return c.dump();
+        return json_text(c);
     };
     if (r.stream && !completion &&
-        !send("data: " + chunk({ { "role", "assistant" }, { "content", "" } }, nullptr).dump() + "\n\n")) {
+        !send("data: " + json_text(chunk({ { "role", "assistant" }, { "content", "" } }, nullptr)) + "\n\n")) {
         ++stats_->cancelled;
         return;
     }
@@ -585,7 +587,7 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
         }
     } catch (const std::exception & e) {  // the status is sent already: report in the body
         const json err = error_body(request_error(500, "server_error", "", e.what()));
-        send(r.stream ? "data: " + err.dump() + "\n\n" : err.dump());
+        send(r.stream ? "data: " + json_text(err) + "\n\n" : json_text(err));
         ++stats_->errors;
         return;
     }
@@ -633,12 +635,12 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
         if (sent < text.size() || !pending.empty()) {
             send("data: " + content_chunk(text.substr(sent)) + "\n\n");
         }
-        send("data: " + chunk(json::object(), finish).dump() + "\n\n");
+        send("data: " + json_text(chunk(json::object(), finish)) + "\n\n");
         if (r.include_usage) {  // as OpenAI: one more chunk, with no choices, carrying the usage
             json last       = chunk(json::object(), nullptr);
             last["choices"] = json::array();
             last["usage"]   = usage;
-            send("data: " + last.dump() + "\n\n");
+            send("data: " + json_text(last) + "\n\n");
         }
         send("data: [DONE]\n\n");
         return;
@@ -649,7 +651,7 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
                             { "choices", json::array({ { { "index", 0 }, { "text", text }, { "logprobs", nullptr },
                                                          { "finish_reason", finish } } }) },
                             { "usage", usage } };
-        send(body.dump());
+        send(json_text(body));
         return;
     }
     const json body = { { "id", t.id },
@@ -661,7 +663,7 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
                                                      { "logprobs", r.logprobs ? json{ { "content", logprobs } } : json() },
                                                      { "finish_reason", finish } } }) },
                         { "usage", usage } };
-    send(body.dump());
+    send(json_text(body));
 }
 
 }  // namespace ecokv::serve
