@@ -64,8 +64,10 @@ prefill_state::prefill_state(llama_context * ctx, const query_capture & capture,
     char desc[256]        = {};
     llama_model_desc(model, desc, sizeof desc);
     v.model = desc;
+    const std::vector<int32_t> layers = compressed_layers(ctx);  // an iSWA model's global layers only
     for (int32_t il = 0; il < c.n_layers(); ++il) {
-        v.layers.push_back({ c.keys(il), c.values(il), capture.queries(il), capture.full_queries(il) });
+        const int32_t m = layers[size_t(il)];
+        v.layers.push_back({ c.keys(il), c.values(il), capture.queries(m), capture.full_queries(m) });
         if (v.layers.back().queries.ne[1] != v.n_queries) {
             throw error("layer " + std::to_string(il) + " has no post-RoPE queries (models with RoPE-free or ALiBi "
                         "layers are not supported yet)");
@@ -106,9 +108,11 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
 
     t0                  = std::chrono::steady_clock::now();
     llama_context * ctx = state.context();
+    const bool sliding = compressed_layers(ctx).size() < size_t(llama_model_n_layer(model));  // iSWA
     if (!in_place) {
-        // Its own cache is the smallest llama.cpp makes (256 cells), replaced by the ragged one right away.
-        cparams.n_ctx     = uint32_t(std::max(n_extra, 1));
+        // Its own cache is the smallest llama.cpp makes (256 cells), replaced by the ragged one right away; an iSWA
+        // model's sliding-window cache holds the window besides the room.
+        cparams.n_ctx     = uint32_t(std::max(n_extra, 1) + (sliding ? llama_model_n_swa(model) : 0));
         cparams.n_seq_max = 1;
         cparams.cb_eval   = nullptr;
         if (observer != nullptr) {
@@ -123,6 +127,15 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
     // The kept entries stand at the prompt's last position: the next token goes at n_past, as after the prompt.
     make_ragged(ctx, state.view(), out.sel, n_extra, state.n_past() - 1,
                 { state.context(), state.view().n_kv_heads, {}, 0 });
+    if (sliding && !in_place) {  // the sliding-window layers' cache as the prefill left it: its last window of cells
+        std::vector<uint8_t> window(llama_state_seq_get_size_ext(state.context(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+        if (llama_state_seq_get_data_ext(state.context(), window.data(), window.size(), 0,
+                                         LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != window.size() ||
+            llama_state_seq_set_data_ext(ctx, window.data(), window.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) !=
+                window.size()) {
+            throw error("cannot copy the sliding-window cache into the decode context");
+        }
+    }
     out.rebuild_seconds = seconds_since(t0);
     return out;
 }

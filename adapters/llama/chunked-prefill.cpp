@@ -19,12 +19,14 @@ namespace {
 // The capture header of a chunk: the model's dimensions and, per layer, the last n_new rows `capture` recorded (at
 // most its window) as window queries, and the full queries it recorded since the last compression or fold (n_full
 // rows, or none); keys and values are the caller's (per-head candidates).
-capture_view chunk_capture(const llama_model * model, const query_capture & capture, int32_t n_new, int32_t n_full) {
-    capture_view cap;
-    cap.n_layers   = llama_model_n_layer(model);
+capture_view chunk_capture(const llama_context * ctx, const query_capture & capture, int32_t n_new, int32_t n_full) {
+    const llama_model *        model  = llama_get_model(ctx);
+    const std::vector<int32_t> layers = compressed_layers(ctx);
+    capture_view               cap;
+    cap.n_layers   = int32_t(layers.size());
     cap.n_heads    = llama_model_n_head(model);
     cap.n_kv_heads = llama_model_n_head_kv(model);
-    for (int32_t il = 0; il < cap.n_layers; ++il) {
+    for (const int32_t il : layers) {
         tensor_view q   = capture.queries(il);
         const int64_t n = std::min<int64_t>(q.ne[1], n_new);
         q.data          = q.row(q.ne[1] - n);
@@ -135,7 +137,7 @@ void sequence::extend(const prompt & p, size_t from, size_t to, const method_spe
 
 capture_view sequence::impl::candidates_capture(const ragged_candidates & cand) const {
     const int32_t n_new = int32_t(decoded_modality.size());
-    capture_view  cap   = chunk_capture(s->model, *capture, n_new, n_new - n_folded);
+    capture_view  cap   = chunk_capture(ctx.get(), *capture, n_new, n_new - n_folded);
     cap.heads           = cand.heads();
     cap.head_dim_v      = int32_t(cap.heads[0].values.ne[0]);
     for (size_t i = 0; i < cap.heads.size(); ++i) {
@@ -232,6 +234,7 @@ void sequence::impl::reselect(const method_spec & spec, const method_params & pa
     q.origin_n_past = q.n_past;
     q.origin_logits = q.logits;
     q.own_logits = q.origin_own = false;  // computed before this compression
+    q.mark_origin();
     info.select_seconds += q.comp.select_seconds;  // every chunk's compression
     info.rebuild_seconds += q.comp.rebuild_seconds;
     info.capture_seconds += q.comp.capture_seconds;

@@ -96,6 +96,7 @@ struct fill_job {
     uint32_t                     n_cells;  // cells per head of the ragged cache: 1 + n_room
     const candidate_rows &       from;
     std::vector<ggml_tensor *>   old_k, old_v;  // per layer, the stores the kept rows come from
+    std::vector<int32_t>         index;         // per model layer, its layer in the selection (-1: not compressed)
     int32_t                      n_prompt = 0;  // cells of a transposed V store to read
     bool                         v_transposed = false;
     std::map<ggml_backend_dev_t, std::unique_ptr<ggml_backend, backend_deleter>> backends;
@@ -213,9 +214,13 @@ void gather_on_host(const fill_job & job, int32_t il, ggml_tensor * store, bool 
     }
 }
 
-bool fill_layer(int32_t il, ggml_tensor * k, ggml_tensor * v, void * user_data) {
+bool fill_layer(int32_t model_layer, ggml_tensor * k, ggml_tensor * v, void * user_data) {
     auto & job = *static_cast<fill_job *>(user_data);
     try {
+        const int32_t il = job.index.at(size_t(model_layer));
+        if (il < 0) {
+            throw error("llama.cpp asked for layer " + std::to_string(model_layer) + ", which is not compressed");
+        }
         const int32_t n_kv = job.src.n_kv_heads;
         for (const bool is_v : { false, true }) {
             const ggml_tensor * old   = (is_v ? job.old_v : job.old_k)[il];
@@ -310,6 +315,16 @@ uint32_t state_cell_count(const std::vector<uint8_t> & bytes) {
     return n;
 }
 
+std::vector<int32_t> compressed_layers(const llama_context * ctx) {
+    std::vector<int32_t> layers;
+    for (int32_t il = 0; il < llama_model_n_layer(llama_get_model(ctx)); ++il) {
+        if (!llama_kv_layer_sliding(ctx, il)) {
+            layers.push_back(il);
+        }
+    }
+    return layers;
+}
+
 uint64_t kv_bytes_allocated(const llama_context * ctx) {
     uint64_t n = 0;
     for (int32_t il = 0; il < llama_model_n_layer(llama_get_model(ctx)); ++il) {
@@ -319,12 +334,13 @@ uint64_t kv_bytes_allocated(const llama_context * ctx) {
 }
 
 uint64_t kv_bytes_per_cell(const llama_context * ctx) {
-    // a ragged store's row is one head's; the usual one's holds every head
-    const uint64_t heads = llama_kv_layout(ctx) == 2 ? uint64_t(llama_model_n_head_kv(llama_get_model(ctx))) : 1;
-    uint64_t       n     = 0;
+    // a ragged store's row is one head's; the usual one's (a sliding-window layer's always) holds every head
+    const bool ragged = llama_kv_layout(ctx) == 2;
+    uint64_t   n      = 0;
     for (int32_t il = 0; il < llama_model_n_layer(llama_get_model(ctx)); ++il) {
-        const ggml_tensor * k = store(ctx, il, false);
-        const ggml_tensor * v = store(ctx, il, true);
+        const ggml_tensor * k     = store(ctx, il, false);
+        const ggml_tensor * v     = store(ctx, il, true);
+        const uint64_t      heads = ragged && !llama_kv_layer_sliding(ctx, il) ? llama_model_n_head_kv(llama_get_model(ctx)) : 1;
         n += heads * (ggml_row_size(k->type, k->ne[0]) + ggml_row_size(v->type, v->ne[0]));
     }
     return n;
@@ -337,7 +353,7 @@ cache_views::cache_views(const llama_context * ctx, int32_t n_cells, bool values
     if (layout == 2) {
         throw error("the sequence is compressed already (a ragged cache); compress its prefill instead");
     }
-    for (int32_t il = 0; il < llama_model_n_layer(model); ++il) {
+    for (const int32_t il : compressed_layers(ctx)) {
         for (const bool is_v : { false, true }) {
             const ggml_tensor * t = store(ctx, il, is_v);
             if (t->ne[0] % n_kv != 0 || n_cells > t->ne[1]) {
@@ -375,15 +391,14 @@ cache_views::cache_views(const llama_context * ctx, int32_t n_cells, bool values
 
 ragged_candidates::ragged_candidates(const llama_context * ctx, const std::vector<uint32_t> & n_keep, int32_t n_room,
                                      int32_t n_new, bool values) {
-    const llama_model * model   = llama_get_model(ctx);
-    const int32_t       n_layer = llama_model_n_layer(model);
-    n_kv_                       = llama_model_n_head_kv(model);
-    if (llama_kv_layout(ctx) != 2 || n_keep.size() != size_t(n_layer) * n_kv_ || n_new < 0 || n_new > n_room) {
+    const std::vector<int32_t> layers = compressed_layers(ctx);
+    n_kv_                             = llama_model_n_head_kv(llama_get_model(ctx));
+    if (llama_kv_layout(ctx) != 2 || n_keep.size() != layers.size() * n_kv_ || n_new < 0 || n_new > n_room) {
         throw error("the sequence holds no ragged cache of this layout with " + std::to_string(n_new) + " new tokens");
     }
-    for (int32_t il = 0; il < n_layer; ++il) {
+    for (size_t il = 0; il < layers.size(); ++il) {
         for (const bool is_v : { false, true }) {
-            ggml_tensor * t   = const_cast<ggml_tensor *>(store(ctx, il, is_v));
+            ggml_tensor * t   = const_cast<ggml_tensor *>(store(ctx, layers[il], is_v));
             const size_t  row = t->nb[1];  // one head's entry
             (is_v ? v_row_ : k_row_).push_back(row);
             (is_v ? v_type_ : k_type_).push_back(t->type);
@@ -441,11 +456,21 @@ void make_ragged(llama_context * ctx, const capture_view & src, const selection 
         throw error("the selection has " + std::to_string(sel.layers.size()) + " layers, the capture " +
                     std::to_string(src.n_layers));
     }
-    const std::vector<uint32_t> n_keep = ragged_layout(sel);
-    fill_job                    job{ src, sel, uint32_t(1 + n_room), from, {}, {}, src.n_tokens, false, {}, {} };
-    for (int32_t il = 0; il < src.n_layers; ++il) {
-        job.old_k.push_back(store(from.ctx, il, false));
-        job.old_v.push_back(store(from.ctx, il, true));
+    const std::vector<int32_t> layers = compressed_layers(ctx);
+    if (layers != compressed_layers(from.ctx) || int32_t(layers.size()) != src.n_layers) {
+        throw error("the capture's layers are not those this context compresses");
+    }
+    const int32_t         n_kv = src.n_kv_heads;
+    std::vector<uint32_t> n_keep(size_t(llama_model_n_layer(llama_get_model(ctx))) * n_kv, 0);  // by model layer
+    fill_job              job{ src, sel, uint32_t(1 + n_room), from, {}, {}, {}, src.n_tokens, false, {}, {} };
+    job.index.assign(n_keep.size() / n_kv, -1);
+    for (int32_t i = 0; i < src.n_layers; ++i) {
+        job.index[size_t(layers[i])] = i;
+        job.old_k.push_back(store(from.ctx, layers[i], false));
+        job.old_v.push_back(store(from.ctx, layers[i], true));
+        for (int32_t g = 0; g < n_kv; ++g) {
+            n_keep[size_t(layers[i]) * n_kv + g] = uint32_t(sel.layers[i][g].kept.size());
+        }
     }
     job.v_transposed = llama_kv_layout(from.ctx) == 1;
     if (!llama_kv_set_ragged(ctx, n_keep.data(), uint32_t(n_room), pos, fill_layer, &job)) {

@@ -17,6 +17,11 @@ namespace ecokv::llama {
 // (head_dim a multiple of its block size). Throws ecokv::error naming the option.
 void check_cache_types(const llama_model * model, const session_options & o);
 
+// The model layers a compression handles, in order: every layer of a plain KV cache; the global layers of an iSWA
+// memory (Gemma 3), whose sliding-window layers keep llama.cpp's own cache, bounded by their window. A selection's
+// layer i (and a capture's, a ragged layout's) is model layer compressed_layers(ctx)[i].
+std::vector<int32_t> compressed_layers(const llama_context * ctx);
+
 // The sequence state of `seq` (llama_state_seq_get_data); throws ecokv::error when llama.cpp gives none.
 std::vector<uint8_t> read_sequence(llama_context * ctx, llama_seq_id seq = 0);
 // The cell count in the header of a state, without parsing the rest (0 for a too short buffer).

@@ -102,6 +102,10 @@ struct sequence::impl {
     llama_pos            origin_n_past = 0;
     std::vector<float>   origin_logits;
     bool                 origin_own = true;
+    // An iSWA model's sliding-window cache at the origin (its last window of cells, llama.cpp's partial state), put
+    // back by rewind(): with a window-sized cache (swa_full off) the tokens decoded since overwrite its oldest cells.
+    std::vector<uint8_t> origin_window;
+    void                 mark_origin();  // origin_window from the context as it is now
 
     // f(), with NaN from the prefill (weights the pre-flight cannot read) named by the model file.
     template <typename F> auto naming_model(F && f) const {

@@ -40,6 +40,7 @@ llama_context_params context_params(const session_options & o, int32_t n_cells) 
         p.n_ubatch = uint32_t(std::min(o.n_ubatch, int32_t(p.n_batch)));
     }
     p.n_seq_max       = 1;
+    p.swa_full        = false;  // an iSWA model's sliding-window layers hold their window only, as llama-server's
     p.flash_attn_type = o.flash_attn;
     p.type_k          = o.type_k;
     p.type_v          = o.type_v;

@@ -16,11 +16,17 @@ namespace {
 void write_state(llama_context * ctx, const snapshot & s, int32_t n_room) {
     const uint32_t n_cells = state_cell_count(s.state);
     if (!s.layout.empty()) {
-        if (int64_t(s.layout.size()) != int64_t(llama_model_n_layer(llama_get_model(ctx))) * llama_model_n_head_kv(llama_get_model(ctx))) {
+        const std::vector<int32_t> layers = compressed_layers(ctx);
+        const int32_t              n_kv   = llama_model_n_head_kv(llama_get_model(ctx));
+        if (s.layout.size() != layers.size() * size_t(n_kv)) {
             throw error("the snapshot's layout does not match the model");
         }
+        std::vector<uint32_t> n_keep(size_t(llama_model_n_layer(llama_get_model(ctx))) * n_kv, 0);  // by model layer
+        for (size_t i = 0; i < layers.size(); ++i) {
+            std::copy_n(s.layout.begin() + std::ptrdiff_t(i * n_kv), n_kv, n_keep.begin() + std::ptrdiff_t(layers[i] * n_kv));
+        }
         if (n_cells == 0 ||
-            !llama_kv_set_ragged(ctx, s.layout.data(), n_cells - 1 + uint32_t(n_room), 0, nullptr, nullptr)) {
+            !llama_kv_set_ragged(ctx, n_keep.data(), n_cells - 1 + uint32_t(n_room), 0, nullptr, nullptr)) {
             throw error("cannot make a compressed cache for a snapshot of " + std::to_string(n_cells) + " cells");
         }
     } else if (llama_kv_layout(ctx) == 2) {
@@ -122,6 +128,7 @@ void sequence::restore(const snapshot & s) {
     impl_->logits         = impl_->origin_logits = s.logits;
     impl_->own_logits     = impl_->origin_own = s.own_logits;
     impl_->n_past         = impl_->origin_n_past = s.n_past;
+    impl_->mark_origin();
 }
 
 }  // namespace ecokv::llama
