@@ -534,24 +534,208 @@ TEST(TinyModelQwen2vl, ImageBlockCacheMatchesReferenceKV) {
     EXPECT_GT(bad_swapped, 50);
 }
 
+// ---- qwen3vl: interleaved M-RoPE and deepstack inputs ----------------------------------------------------------
+
+t::tiny_config qwen3vl_deepstack_config() {
+    t::tiny_config c     = config_for("qwen3vl");
+    c.n_layer            = 3;
+    c.n_deepstack_layers = 2;  // n_embd_inp 192; the last layer cannot be one (see tiny_config)
+    return c;
+}
+
+// Image inputs with their deepstack parts replaced by zeros (text-like).
+t::input_embeddings without_deepstack(const t::tiny_model & m, const prompt & p) {
+    t::input_embeddings in(p.tokens.size());
+    for (size_t i = 0; i < p.tokens.size(); ++i) {
+        if (p.image[i]) {
+            in[i] = m.input_embedding(p.tokens[i]);
+            std::fill(in[i].begin() + m.config().n_embd, in[i].end(), 0.0f);
+        }
+    }
+    return in;
+}
+
+TEST(TinyModelQwen3vl, ImageBlockWithDeepstackMatchesReference) {
+    const t::tiny_model m = t::make_tiny_model(qwen3vl_deepstack_config());
+    ASSERT_EQ(llama_model_n_embd_inp(m.get()), 3 * m.config().n_embd);
+    const prompt p = image_prompt(m);
+    ASSERT_EQ(t::embedding_tokens(m, p.positions), p.image);
+    expect_logits_match(m, p, "image+deepstack");
+    {
+        ctx_ptr ctx = make_ctx(m, LLAMA_FLASH_ATTN_TYPE_DISABLED);
+        ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions), 0);
+        const diff_stats s = compare(last_logits(ctx.get(), m), t::reference_logits(m, p.tokens, p.positions));
+        std::printf("[qwen3vl image+deepstack no-FA] logits: rel %.3g\n", s.rel());
+        EXPECT_LT(s.rel(), k_logit_rel_tol);
+    }
+
+    // the deepstack parts matter: the reference without them is far off
+    const std::vector<float> ref  = t::reference_logits(m, p.tokens, p.positions);
+    const diff_stats         ds   = compare(t::reference_logits(m, p.tokens, p.positions, {}, {}, without_deepstack(m, p)), ref);
+    // and so do the y/x planes
+    std::vector<t::position> flat = p.positions;
+    for (auto & q : flat) {
+        q = { q[0], q[0], q[0] };
+    }
+    const diff_stats yx = compare(t::reference_logits(m, p.tokens, flat), ref);
+    std::printf("[qwen3vl image] deepstack parts zeroed: rel diff %.3g; y/x ignored: rel diff %.3g\n", ds.rel(),
+                yx.rel());
+    EXPECT_GT(ds.rel(), 3 * k_logit_rel_tol);
+    EXPECT_GT(yx.rel(), 3 * k_logit_rel_tol);
+}
+
+TEST(TinyModelQwen3vl, ImageBlockCacheMatchesReferenceKV) {
+    const t::tiny_model m = t::make_tiny_model(qwen3vl_deepstack_config());
+    const prompt        p = image_prompt(m);
+    expect_cache_matches(m, p, LLAMA_FLASH_ATTN_TYPE_AUTO);
+    expect_cache_matches(m, p, LLAMA_FLASH_ATTN_TYPE_DISABLED);
+
+    // Layer-0 K pins IMROPE down: y/x swapped misses the image cells; and sections {3,3,2,0}, which differ only in
+    // rotating pair 6 by t instead of leaving it to plane 3 (= 0 in llama.cpp), miss every cell but t = 0.
+    const blob_view          b       = decode_and_read(m, p, LLAMA_FLASH_ATTN_TYPE_AUTO);
+    std::vector<t::position> swapped = p.positions;
+    for (auto & q : swapped) {
+        q = { q[0], q[2], q[1] };
+    }
+    t::tiny_config c3     = m.config();
+    c3.rope_sections      = { 3, 3, 2, 0 };
+    const t::tiny_model m3 = t::make_tiny_model(c3);  // the same weights
+    ASSERT_EQ(m3.tensor("blk.0.attn_k.weight").data, m.tensor("blk.0.attn_k.weight").data);
+    const int bad_swapped = compare_kv(m, b, t::reference_kv(m, p.tokens, swapped), 0).bad;
+    const int bad_plane3  = compare_kv(m, b, t::reference_kv(m3, p.tokens, p.positions), 0).bad;
+    std::printf("[qwen3vl image] layer-0 K/V elements off with y/x swapped: %d, with pair 6 rotated by t: %d\n",
+                bad_swapped, bad_plane3);
+    EXPECT_GT(bad_swapped, 50);
+    EXPECT_GT(bad_plane3, 50);
+}
+
+// Explicit inputs (as mtmd's image embeddings will be): any n_embd_inp floats per token, also for a text-positioned
+// token, go to llama.cpp as embedding rows and into the reference the same way.
+TEST(TinyModelQwen3vl, ExplicitInputsMatchReference) {
+    const t::tiny_model m = t::make_tiny_model(qwen3vl_deepstack_config());
+    prompt              p = image_prompt(m);
+    t::input_embeddings in(p.tokens.size());
+    for (size_t i = 0; i < p.tokens.size(); ++i) {
+        if (p.image[i] || i == 2) {
+            in[i] = m.input_embedding((p.tokens[i] + 5) % m.config().n_vocab);
+            for (size_t e = size_t(m.config().n_embd); e < in[i].size(); ++e) {
+                in[i][e] *= -2.0f;
+            }
+        }
+    }
+    p.image = t::embedding_tokens(m, p.positions, in);
+    EXPECT_TRUE(p.image[2]);
+    ctx_ptr ctx = make_ctx(m);
+    ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions, 0, in), 0);
+    const std::vector<float> got = last_logits(ctx.get(), m);
+    const diff_stats         s   = compare(got, t::reference_logits(m, p.tokens, p.positions, {}, {}, in));
+    const diff_stats         d   = compare(got, t::reference_logits(m, p.tokens, p.positions));
+    std::printf("[qwen3vl explicit inputs] logits: rel %.3g; vs the default inputs' reference: %.3g\n", s.rel(),
+                d.rel());
+    EXPECT_LT(s.rel(), k_logit_rel_tol);
+    EXPECT_GT(d.rel(), 3 * k_logit_rel_tol);
+
+    // a wrong size is refused (before anything is decoded)
+    in[2].pop_back();
+    ctx_ptr fresh = make_ctx(m);
+    EXPECT_THROW(t::reference_logits(m, p.tokens, p.positions, {}, {}, in), std::invalid_argument);
+    EXPECT_THROW(t::decode_prompt(fresh.get(), m, p.tokens, p.positions, 0, in), std::invalid_argument);
+    EXPECT_EQ(llama_memory_seq_pos_max(llama_get_memory(fresh.get()), 0), -1);
+}
+
+// ---- gemma3: interleaved sliding-window attention -----------------------------------------------------------------
+
+t::tiny_config gemma3_config() {
+    t::tiny_config c = config_for("gemma3");
+    c.n_layer        = 4;  // layers 0, 2 SWA (window 8, RoPE base 1e4); 1, 3 global (RoPE base 1e6)
+    return c;
+}
+
+TEST(TinyModelGemma3, PromptLongerThanTheWindowMatchesReference) {
+    const t::tiny_model m = t::make_tiny_model(gemma3_config());
+    ASSERT_EQ(llama_model_n_swa(m.get()), 8);
+    ASSERT_TRUE(m.is_swa(0) && !m.is_swa(1) && m.is_swa(2) && !m.is_swa(3));
+    const prompt p = text_prompt(m, 24);
+    expect_logits_match(m, p, "24 tokens, window 8");
+    const std::vector<float> ref = t::reference_logits(m, p.tokens, p.positions);
+    {
+        ctx_ptr ctx = make_ctx(m, LLAMA_FLASH_ATTN_TYPE_DISABLED);
+        ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions), 0);
+        const diff_stats s = compare(last_logits(ctx.get(), m), ref);
+        std::printf("[gemma3 24 tokens, window 8, no-FA] logits: rel %.3g\n", s.rel());
+        EXPECT_LT(s.rel(), k_logit_rel_tol);
+    }
+
+    // The same weights without the window's mask (a window no prompt here reaches), or with the SWA layers at the
+    // global RoPE base, give clearly different logits.
+    t::tiny_config wide = m.config();
+    wide.sliding_window = 4096;
+    t::tiny_config one_base     = m.config();
+    one_base.rope_freq_base_swa = one_base.rope_freq_base;
+    const diff_stats no_mask = compare(t::reference_logits(t::make_tiny_model(wide), p.tokens, p.positions), ref);
+    const diff_stats base    = compare(t::reference_logits(t::make_tiny_model(one_base), p.tokens, p.positions), ref);
+    std::printf("[gemma3] reference without the SWA mask: rel diff %.3g; SWA layers at the global base: %.3g\n",
+                no_mask.rel(), base.rel());
+    EXPECT_GT(no_mask.rel(), 3 * k_logit_rel_tol);
+    EXPECT_GT(base.rel(), 3 * k_logit_rel_tol);
+
+    // the cache: the global layers hold all 24 cells, the SWA layers (their own cache) the last 8
+    expect_cache_matches(m, p, LLAMA_FLASH_ATTN_TYPE_AUTO);
+}
+
+// Embedding inputs are not multiplied by sqrt(n_embd) (llama.cpp scales token batches only).
+TEST(TinyModelGemma3, EmbeddingInputsAreNotScaled) {
+    const t::tiny_model m = t::make_tiny_model(gemma3_config());
+    const prompt        p = text_prompt(m);
+    t::input_embeddings raw(p.tokens.size()), scaled(p.tokens.size());
+    for (size_t i = 5; i < 11; ++i) {
+        raw[i]    = m.input_embedding(p.tokens[i]);
+        scaled[i] = raw[i];
+        for (float & x : scaled[i]) {
+            x *= std::sqrt(float(m.config().n_embd));
+        }
+    }
+    const std::vector<float> text = t::reference_logits(m, p.tokens, p.positions);
+    for (const bool scale : { false, true }) {
+        const t::input_embeddings & in  = scale ? scaled : raw;
+        ctx_ptr                     ctx = make_ctx(m);
+        ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions, 0, in), 0);
+        const std::vector<float> got = last_logits(ctx.get(), m);
+        const diff_stats         s   = compare(got, t::reference_logits(m, p.tokens, p.positions, {}, {}, in));
+        const diff_stats         d   = compare(got, text);
+        std::printf("[gemma3 %s rows as embeddings] logits: rel %.3g; vs the all-token reference: %.3g\n",
+                    scale ? "sqrt(n_embd)-scaled" : "unscaled", s.rel(), d.rel());
+        EXPECT_LT(s.rel(), k_logit_rel_tol);
+        if (scale) {
+            EXPECT_LT(d.rel(), k_logit_rel_tol);  // the same as feeding the tokens
+        } else {
+            EXPECT_GT(d.rel(), 3 * k_logit_rel_tol);
+        }
+    }
+}
+
 // Other seeds and shapes (MHA, MQA, wider heads with other sections, 3 layers) also match.
 TEST(TinyModelShapes, OtherSeedsAndShapesMatchReference) {
     std::vector<t::tiny_config> cfgs;
-    for (const char * arch : { "llama", "qwen2", "qwen2vl" }) {
+    for (const char * arch : { "llama", "qwen2", "qwen2vl", "qwen3vl", "gemma3" }) {
         t::tiny_config c = config_for(arch);
         c.seed           = 7;
         cfgs.push_back(c);
         c.n_layer = 3, c.n_embd = 128, c.n_head = 4, c.n_head_kv = 4, c.n_ff = 96, c.n_vocab = 200;
         c.rope_sections = { 4, 6, 6, 0 };  // head_dim 32
+        c.n_deepstack_layers = 2;          // qwen3vl
+        c.swa_pattern = 3, c.sliding_window = 5;  // gemma3: layers 0, 1 SWA, 2 global
         cfgs.push_back(c);
         c.n_head_kv = 1, c.rope_freq_base = 1e6f, c.seed = 11;
         c.rope_sections = { 6, 5, 5, 0 };
+        c.sliding_window = 0;  // gemma3 without SWA: one plain cache, one RoPE base
         cfgs.push_back(c);
     }
     for (const t::tiny_config & c : cfgs) {
         const t::tiny_model m = t::make_tiny_model(c);
         const prompt        p = m.mrope() ? image_prompt(m) : text_prompt(m, 24);
-        SCOPED_TRACE(c.arch + " n_embd " + std::to_string(c.n_embd) + " n_head_kv " + std::to_string(c.n_head_kv));
+        SCOPED_TRACE(c.arch + " n_embd " + std::to_string(c.n_embd) + " n_head_kv " + std::to_string(c.n_head_kv) +
+                     " seed " + std::to_string(c.seed));
         expect_logits_match(m, p, "shape");
         const blob_view b = decode_and_read(m, p, LLAMA_FLASH_ATTN_TYPE_AUTO);
         EXPECT_EQ(compare_kv(m, b, t::reference_kv(m, p.tokens, p.positions), 0).bad, 0);
@@ -574,6 +758,15 @@ TEST(TinyModelConfig, RejectsBadConfigs) {
     EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
     c           = {};
     c.n_threads = 0;
+    EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+    c                    = config_for("qwen3vl");
+    c.n_deepstack_layers = c.n_layer;  // llama.cpp would abort in llama_decode
+    EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+    c             = config_for("gemma3");
+    c.swa_pattern = 1;  // no SWA layer: llama.cpp asserts when it makes the iSWA cache
+    EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+    c                = config_for("gemma3");
+    c.sliding_window = -1;
     EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
 }
 

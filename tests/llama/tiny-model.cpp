@@ -960,6 +960,11 @@ int32_t decode_prompt(llama_context * ctx, const tiny_model & m, const std::vect
     const int32_t           n_inp  = m.n_embd_inp();
     const int32_t           planes = m.mrope() ? 4 : 1;
     const std::vector<bool> embd_tok = embedding_tokens(m, positions, inputs);
+    for (const std::vector<float> & e : inputs) {  // before anything is decoded
+        if (!e.empty() && int32_t(e.size()) != n_inp) {
+            throw std::invalid_argument("decode_prompt: an input embedding needs n_embd_inp floats");
+        }
+    }
 
     for (int32_t i0 = 0; i0 < n;) {
         const bool text = !embd_tok[size_t(i0)];
@@ -988,9 +993,6 @@ int32_t decode_prompt(llama_context * ctx, const tiny_model & m, const std::vect
             }
             const bool explicit_input = !inputs.empty() && !inputs[i].empty();
             const std::vector<float> e = explicit_input ? inputs[i] : m.input_embedding(tokens[i]);
-            if (int32_t(e.size()) != n_inp) {
-                throw std::invalid_argument("decode_prompt: an input embedding needs n_embd_inp floats");
-            }
             embd.insert(embd.end(), e.begin(), e.end());
             if (planes == 4) {
                 pos[size_t(r + nt)]     = p[1];  // y
