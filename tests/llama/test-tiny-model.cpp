@@ -1,5 +1,6 @@
 // Validates tests/llama/tiny-model.{h,cpp}: the plain-C++ reference forward pass reproduces llama.cpp's logits and KV
-// cache for random-weight llama and qwen2vl models, and its keep mask really changes the result.
+// cache for random-weight llama, qwen2, qwen2vl, qwen3vl and gemma3 models (image blocks, deepstack inputs, sliding
+// windows), and its keep mask, positions, planes and inputs really change the result.
 #include "tiny-model.h"
 
 #include "ggml.h"
@@ -21,8 +22,10 @@ namespace t = ecokv::test;
 namespace {
 
 // ---- tolerances ------------------------------------------------------------------------------------------------
-// Logits: t::logit_rel_tolerance (3e-3 of max |ref|), justified in tiny-model.h. Measured here: 4e-4 .. 8e-4; over
-// 40 seeds x both archs x FA on/off the worst was 1.0e-3. The sensitivity checks below demand effects of 0.02-0.1.
+// Logits: t::logit_rel_tolerance (3e-3 of max |ref|), justified in tiny-model.h. Measured here: 4e-4 .. 8e-4 (gemma3
+// 1e-4 .. 3e-4); over 40 seeds x {llama, qwen2vl} x FA on/off the worst was 1.0e-3, over 40 seeds x {qwen3vl image +
+// deepstack, gemma3 24 tokens / window 8} x FA on/off with 2-4 layers 8.1e-4. The sensitivity checks below demand
+// effects of 0.02-0.1, or more than 3x the tolerance.
 constexpr double k_logit_rel_tol = t::logit_rel_tolerance;
 // Layer-0 K/V are one F16 rounding of a value computed in F32: |diff| <= 2^-11 |x| + F32 noise.
 constexpr double k_kv0_rel = 1.0 / 1024, k_kv0_abs = 1e-4;
@@ -96,15 +99,34 @@ size_t argmax(const std::vector<float> & v) {
 }
 
 // ---- state blob (llama_state_seq_get_data) ---------------------------------------------------------------------
-// u32 magic, i32 seq_id, u32 n_stream, u32 cell_count, cells {i32 pos, u32 n_seq, [ext i32 x, y, tok], i32 seq...},
-// u32 v_trans, u32 n_layer, per layer {i32 k_type, u64 row_bytes, rows}, then V as rows or (v_trans) per layer
-// {i32 type, u32 el_bytes, u32 n_embd_v, n_embd_v x cell_count elements}. See adapters/llama/state-blob.h.
-struct blob_view {
+// u32 magic, i32 seq_id, then one section per KV cache (a plain cache; gemma3's iSWA cache writes its base cache of
+// global layers, then its SWA cache): u32 n_stream, u32 cell_count, cells {i32 pos, u32 n_seq, [ext i32 x, y, tok],
+// i32 seq...}, u32 v_trans, u32 n_layer, per layer {i32 k_type, u64 row_bytes, rows}, then V as rows or (v_trans) per
+// layer {i32 type, u32 el_bytes, u32 n_embd_v, n_embd_v x cell_count elements}. A SWA cache writes only the cells
+// inside the window of the sequence's last position. See adapters/llama/state-blob.h.
+struct blob_section {
     int32_t                             n_cells = 0;
     bool                                v_trans = false;
     std::vector<int32_t>                pos;
-    std::vector<std::array<int32_t, 3>> ext;  // x, y, tok
-    std::vector<std::vector<float>>     k, v;  // [layer][cell * n_embd_gqa + e]
+    std::vector<std::array<int32_t, 3>> ext;   // x, y, tok
+    std::vector<std::vector<float>>     k, v;  // [layer of this cache][cell * n_embd_gqa + e]
+};
+
+struct blob_view {
+    std::vector<blob_section> sections;
+
+    // The section holding model layer il, and the layer's index in it: iSWA's base cache holds the global layers in
+    // order, its SWA cache the SWA layers.
+    std::pair<const blob_section *, size_t> layer(const t::tiny_model & m, int32_t il) const {
+        if (sections.size() == 1) {
+            return { &sections[0], size_t(il) };
+        }
+        size_t idx = 0;
+        for (int32_t l = 0; l < il; ++l) {
+            idx += m.is_swa(l) == m.is_swa(il) ? 1 : 0;
+        }
+        return { &sections.at(m.is_swa(il) ? 1 : 0), idx };
+    }
 };
 
 struct reader {
@@ -124,13 +146,8 @@ struct reader {
     float f16() { return ggml_fp16_to_fp32(get<ggml_fp16_t>()); }
 };
 
-blob_view parse_blob(const std::vector<uint8_t> & bytes, bool has_ext, int32_t n_embd_gqa) {
-    reader    r{ bytes };
-    blob_view out;
-    if (r.get<uint32_t>() != 0xaf143cd8u) {
-        throw std::runtime_error("bad magic");
-    }
-    r.get<int32_t>();  // seq_id
+blob_section parse_section(reader & r, bool has_ext, int32_t n_embd_gqa) {
+    blob_section out;
     if (r.get<uint32_t>() != 1) {
         throw std::runtime_error("expected one stream");
     }
@@ -186,8 +203,18 @@ blob_view parse_blob(const std::vector<uint8_t> & bytes, bool has_ext, int32_t n
         }
         out.v.push_back(std::move(v));
     }
-    if (r.off != bytes.size()) {
-        throw std::runtime_error("trailing bytes in blob");
+    return out;
+}
+
+blob_view parse_blob(const std::vector<uint8_t> & bytes, bool has_ext, int32_t n_embd_gqa) {
+    reader    r{ bytes };
+    blob_view out;
+    if (r.get<uint32_t>() != 0xaf143cd8u) {
+        throw std::runtime_error("bad magic");
+    }
+    r.get<int32_t>();  // seq_id
+    while (r.off < bytes.size()) {
+        out.sections.push_back(parse_section(r, has_ext, n_embd_gqa));
     }
     return out;
 }
@@ -202,6 +229,12 @@ std::vector<uint8_t> get_blob(llama_context * ctx) {
 t::tiny_config config_for(const std::string & arch) {
     t::tiny_config c;
     c.arch = arch;
+    if (arch == "qwen3vl") {
+        c.n_deepstack_layers = 1;  // n_embd_inp 128; text inputs are zero-padded, so it adds nothing here
+    }
+    if (arch == "gemma3") {
+        c.rope_freq_base = 1e6f;  // global layers; SWA layers (even: 0, 2, ...) use rope_freq_base_swa 1e4, window 8
+    }
     return c;
 }
 
@@ -242,8 +275,10 @@ TEST_P(TinyModel, OptionalTensorsAreNeutral) {
         const bool scale = name.ends_with(".scale") || name.ends_with(".input_scale") || name.starts_with("rope_freqs");
         const bool qkv_bias = name.ends_with("attn_q.bias") || name.ends_with("attn_k.bias") ||
                               name.ends_with("attn_v.bias");
-        const bool bias = name.ends_with(".bias") && !(qkv_bias && GetParam() != "llama");
-        if (scale || bias) {
+        const bool random_bias = qkv_bias && (GetParam() == "qwen2" || GetParam() == "qwen2vl");
+        const bool bias        = name.ends_with(".bias") && !random_bias;
+        const bool unused      = name == "cls.output.weight";  // qwen3vl's rerank head
+        if (scale || bias || unused) {
             optional += " " + name;
             const float want = scale ? 1.0f : 0.0f;
             for (float x : tt.data) {
@@ -351,17 +386,19 @@ TEST_P(TinyModel, MaskChangesReferenceLogits) {
     const t::keep_fn all = [](int32_t, int32_t, int32_t, int32_t) { return true; };
     EXPECT_EQ(t::reference_logits(m, p.tokens, p.positions, all), full);
 
-    // hide keys 3..9 from KV head 1 of layer 0 only
-    const t::keep_fn some = [](int32_t l, int32_t g, int32_t, int32_t j) { return !(l == 0 && g == 1 && j >= 3 && j < 10); };
+    // hide keys 3..9 from KV head 1 of layer 0 only; when layer 0 is a SWA layer (gemma3), the 7 keys before the
+    // last token, inside its window (keys 3..9 only reach queries up to 16 there, moving the logits by 0.009)
+    const int32_t    last = int32_t(p.tokens.size()) - 1;
+    const int32_t    k0   = m.is_swa(0) ? last - 7 : 3;
+    const t::keep_fn some = [k0](int32_t l, int32_t g, int32_t, int32_t j) { return !(l == 0 && g == 1 && j >= k0 && j < k0 + 7); };
     const diff_stats s1 = compare(t::reference_logits(m, p.tokens, p.positions, some), full);
     // a single key hidden from the last query only, in the last layer
-    const int32_t    last = int32_t(p.tokens.size()) - 1;
     const t::keep_fn one  = [&](int32_t l, int32_t g, int32_t i, int32_t j) {
         return !(l == m.config().n_layer - 1 && g == 0 && i == last && j == last - 1);
     };
     const diff_stats s2 = compare(t::reference_logits(m, p.tokens, p.positions, one), full);
-    std::printf("[%s] mask effect: rel %.3g (layer 0 head 1 keys 3..9), %.3g (one key)\n", GetParam().c_str(),
-                s1.rel(), s2.rel());
+    std::printf("[%s] mask effect: rel %.3g (layer 0 head 1 keys %d..%d), %.3g (one key)\n", GetParam().c_str(),
+                s1.rel(), k0, k0 + 6, s2.rel());
     EXPECT_GT(s1.rel(), 0.05);
     EXPECT_GT(s2.rel(), 0.02);
 
@@ -380,19 +417,26 @@ struct kv_mismatch {
     int    bad   = 0;  // elements outside the F16 tolerance of the layer
 };
 
+// Compares model layer il's cells in the blob with the reference. The cells of a cache are the prompt's last n_cells
+// tokens in order (all of them, or a SWA cache's window).
 kv_mismatch compare_kv(const t::tiny_model & m, const blob_view & b, const std::vector<t::reference_layer_kv> & ref,
                        int32_t il) {
     const t::tiny_config & c   = m.config();
-    const int32_t          d   = c.head_dim(), n_gqa = c.n_head_kv * d, n = b.n_cells;
+    const auto [sec, l]        = b.layer(m, il);
+    const int32_t          d   = c.head_dim(), n_gqa = c.n_head_kv * d, n = sec->n_cells;
+    const int32_t          n_tok = int32_t(ref[size_t(il)].k.size() / size_t(n_gqa));
     const double           rel = il == 0 ? k_kv0_rel : k_kv_rel, abs = il == 0 ? k_kv0_abs : k_kv_abs;
     kv_mismatch            r;
+    if (n > n_tok) {
+        throw std::runtime_error("more cells than tokens");
+    }
     for (int32_t g = 0; g < c.n_head_kv; ++g) {
         for (int32_t j = 0; j < n; ++j) {
             for (int32_t e = 0; e < d; ++e) {
-                const size_t ri = (size_t(g) * size_t(n) + size_t(j)) * size_t(d) + size_t(e);
+                const size_t ri = (size_t(g) * size_t(n_tok) + size_t(n_tok - n + j)) * size_t(d) + size_t(e);
                 const size_t bi = size_t(j) * size_t(n_gqa) + size_t(g * d + e);
                 const double rk = ref[size_t(il)].k[ri], rv = ref[size_t(il)].v[ri];
-                const double dk = std::fabs(b.k[size_t(il)][bi] - rk), dv = std::fabs(b.v[size_t(il)][bi] - rv);
+                const double dk = std::fabs(sec->k[l][bi] - rk), dv = std::fabs(sec->v[l][bi] - rv);
                 r.max_k = std::max(r.max_k, dk);
                 r.max_v = std::max(r.max_v, dv);
                 r.bad += dk > rel * std::fabs(rk) + abs;
@@ -415,23 +459,34 @@ void expect_cache_matches(const t::tiny_model & m, const prompt & p, llama_flash
     const t::tiny_config & c = m.config();
     const int32_t          n = int32_t(p.tokens.size());
     const blob_view        b = decode_and_read(m, p, fa);
-    ASSERT_EQ(b.n_cells, n);
-    ASSERT_EQ(int32_t(b.k.size()), c.n_layer);
-    for (int32_t j = 0; j < n; ++j) {
-        EXPECT_EQ(b.pos[size_t(j)], p.positions[size_t(j)][0]) << "cell " << j;
-        if (m.mrope()) {
-            const bool text = !p.image[size_t(j)];
-            EXPECT_EQ(b.ext[size_t(j)][0], p.positions[size_t(j)][2]) << "cell " << j;  // x
-            EXPECT_EQ(b.ext[size_t(j)][1], p.positions[size_t(j)][1]) << "cell " << j;  // y
-            EXPECT_EQ(b.ext[size_t(j)][2], text ? p.tokens[size_t(j)] : -1) << "cell " << j;
+    int32_t                n_swa_layers = 0;
+    for (int32_t il = 0; il < c.n_layer; ++il) {
+        n_swa_layers += m.is_swa(il) ? 1 : 0;
+    }
+    // a plain cache, or iSWA: the global layers' cache, then the SWA layers' cache (holding the window only)
+    ASSERT_EQ(b.sections.size(), n_swa_layers > 0 ? 2u : 1u);
+    for (size_t si = 0; si < b.sections.size(); ++si) {
+        const blob_section & sec  = b.sections[si];
+        const bool           swa  = si == 1;
+        const int32_t        want = swa ? std::min(n, m.n_swa()) : n;  // text prompts: one position per token
+        ASSERT_EQ(sec.n_cells, want) << "section " << si;
+        ASSERT_EQ(int32_t(sec.k.size()), swa ? n_swa_layers : c.n_layer - n_swa_layers) << "section " << si;
+        for (int32_t cell = 0; cell < sec.n_cells; ++cell) {
+            const size_t j = size_t(n - sec.n_cells + cell);
+            EXPECT_EQ(sec.pos[size_t(cell)], p.positions[j][0]) << "cell " << cell;
+            if (m.mrope()) {
+                EXPECT_EQ(sec.ext[size_t(cell)][0], p.positions[j][2]) << "cell " << cell;  // x
+                EXPECT_EQ(sec.ext[size_t(cell)][1], p.positions[j][1]) << "cell " << cell;  // y
+                EXPECT_EQ(sec.ext[size_t(cell)][2], p.image[j] ? -1 : p.tokens[j]) << "cell " << cell;
+            }
         }
     }
 
     const auto ref = t::reference_kv(m, p.tokens, p.positions);
     for (int32_t il = 0; il < c.n_layer; ++il) {
         const kv_mismatch r = compare_kv(m, b, ref, il);
-        std::printf("[%s v_trans=%d] layer %d cache vs reference: K max abs %.3g, V max abs %.3g\n", c.arch.c_str(),
-                    int(b.v_trans), il, r.max_k, r.max_v);
+        std::printf("[%s v_trans=%d] layer %d%s cache vs reference: K max abs %.3g, V max abs %.3g\n", c.arch.c_str(),
+                    int(b.layer(m, il).first->v_trans), il, m.is_swa(il) ? " (SWA)" : "", r.max_k, r.max_v);
         EXPECT_EQ(r.bad, 0) << "layer " << il;
     }
 }
@@ -442,7 +497,7 @@ TEST_P(TinyModel, CacheMatchesReferenceKV) {
     expect_cache_matches(m, text_prompt(m), LLAMA_FLASH_ATTN_TYPE_DISABLED);  // transposed V in the blob
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, TinyModel, ::testing::Values("llama", "qwen2", "qwen2vl"),
+INSTANTIATE_TEST_SUITE_P(Archs, TinyModel, ::testing::Values("llama", "qwen2", "qwen2vl", "qwen3vl", "gemma3"),
                          [](const auto & info) { return info.param; });
 
 // ---- qwen2vl with an image-like block ----------------------------------------------------------------------------
@@ -482,24 +537,208 @@ TEST(TinyModelQwen2vl, ImageBlockCacheMatchesReferenceKV) {
     EXPECT_GT(bad_swapped, 50);
 }
 
+// ---- qwen3vl: interleaved M-RoPE and deepstack inputs ----------------------------------------------------------
+
+t::tiny_config qwen3vl_deepstack_config() {
+    t::tiny_config c     = config_for("qwen3vl");
+    c.n_layer            = 3;
+    c.n_deepstack_layers = 2;  // n_embd_inp 192; the last layer cannot be one (see tiny_config)
+    return c;
+}
+
+// Image inputs with their deepstack parts replaced by zeros (text-like).
+t::input_embeddings without_deepstack(const t::tiny_model & m, const prompt & p) {
+    t::input_embeddings in(p.tokens.size());
+    for (size_t i = 0; i < p.tokens.size(); ++i) {
+        if (p.image[i]) {
+            in[i] = m.input_embedding(p.tokens[i]);
+            std::fill(in[i].begin() + m.config().n_embd, in[i].end(), 0.0f);
+        }
+    }
+    return in;
+}
+
+TEST(TinyModelQwen3vl, ImageBlockWithDeepstackMatchesReference) {
+    const t::tiny_model m = t::make_tiny_model(qwen3vl_deepstack_config());
+    ASSERT_EQ(llama_model_n_embd_inp(m.get()), 3 * m.config().n_embd);
+    const prompt p = image_prompt(m);
+    ASSERT_EQ(t::embedding_tokens(m, p.positions), p.image);
+    expect_logits_match(m, p, "image+deepstack");
+    {
+        ctx_ptr ctx = make_ctx(m, LLAMA_FLASH_ATTN_TYPE_DISABLED);
+        ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions), 0);
+        const diff_stats s = compare(last_logits(ctx.get(), m), t::reference_logits(m, p.tokens, p.positions));
+        std::printf("[qwen3vl image+deepstack no-FA] logits: rel %.3g\n", s.rel());
+        EXPECT_LT(s.rel(), k_logit_rel_tol);
+    }
+
+    // the deepstack parts matter: the reference without them is far off
+    const std::vector<float> ref  = t::reference_logits(m, p.tokens, p.positions);
+    const diff_stats         ds   = compare(t::reference_logits(m, p.tokens, p.positions, {}, {}, without_deepstack(m, p)), ref);
+    // and so do the y/x planes
+    std::vector<t::position> flat = p.positions;
+    for (auto & q : flat) {
+        q = { q[0], q[0], q[0] };
+    }
+    const diff_stats yx = compare(t::reference_logits(m, p.tokens, flat), ref);
+    std::printf("[qwen3vl image] deepstack parts zeroed: rel diff %.3g; y/x ignored: rel diff %.3g\n", ds.rel(),
+                yx.rel());
+    EXPECT_GT(ds.rel(), 3 * k_logit_rel_tol);
+    EXPECT_GT(yx.rel(), 3 * k_logit_rel_tol);
+}
+
+TEST(TinyModelQwen3vl, ImageBlockCacheMatchesReferenceKV) {
+    const t::tiny_model m = t::make_tiny_model(qwen3vl_deepstack_config());
+    const prompt        p = image_prompt(m);
+    expect_cache_matches(m, p, LLAMA_FLASH_ATTN_TYPE_AUTO);
+    expect_cache_matches(m, p, LLAMA_FLASH_ATTN_TYPE_DISABLED);
+
+    // Layer-0 K pins IMROPE down: y/x swapped misses the image cells; and sections {3,3,2,0}, which differ only in
+    // rotating pair 6 by t instead of leaving it to plane 3 (= 0 in llama.cpp), miss every cell but t = 0.
+    const blob_view          b       = decode_and_read(m, p, LLAMA_FLASH_ATTN_TYPE_AUTO);
+    std::vector<t::position> swapped = p.positions;
+    for (auto & q : swapped) {
+        q = { q[0], q[2], q[1] };
+    }
+    t::tiny_config c3     = m.config();
+    c3.rope_sections      = { 3, 3, 2, 0 };
+    const t::tiny_model m3 = t::make_tiny_model(c3);  // the same weights
+    ASSERT_EQ(m3.tensor("blk.0.attn_k.weight").data, m.tensor("blk.0.attn_k.weight").data);
+    const int bad_swapped = compare_kv(m, b, t::reference_kv(m, p.tokens, swapped), 0).bad;
+    const int bad_plane3  = compare_kv(m, b, t::reference_kv(m3, p.tokens, p.positions), 0).bad;
+    std::printf("[qwen3vl image] layer-0 K/V elements off with y/x swapped: %d, with pair 6 rotated by t: %d\n",
+                bad_swapped, bad_plane3);
+    EXPECT_GT(bad_swapped, 50);
+    EXPECT_GT(bad_plane3, 50);
+}
+
+// Explicit inputs (as mtmd's image embeddings will be): any n_embd_inp floats per token, also for a text-positioned
+// token, go to llama.cpp as embedding rows and into the reference the same way.
+TEST(TinyModelQwen3vl, ExplicitInputsMatchReference) {
+    const t::tiny_model m = t::make_tiny_model(qwen3vl_deepstack_config());
+    prompt              p = image_prompt(m);
+    t::input_embeddings in(p.tokens.size());
+    for (size_t i = 0; i < p.tokens.size(); ++i) {
+        if (p.image[i] || i == 2) {
+            in[i] = m.input_embedding((p.tokens[i] + 5) % m.config().n_vocab);
+            for (size_t e = size_t(m.config().n_embd); e < in[i].size(); ++e) {
+                in[i][e] *= -2.0f;
+            }
+        }
+    }
+    p.image = t::embedding_tokens(m, p.positions, in);
+    EXPECT_TRUE(p.image[2]);
+    ctx_ptr ctx = make_ctx(m);
+    ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions, 0, in), 0);
+    const std::vector<float> got = last_logits(ctx.get(), m);
+    const diff_stats         s   = compare(got, t::reference_logits(m, p.tokens, p.positions, {}, {}, in));
+    const diff_stats         d   = compare(got, t::reference_logits(m, p.tokens, p.positions));
+    std::printf("[qwen3vl explicit inputs] logits: rel %.3g; vs the default inputs' reference: %.3g\n", s.rel(),
+                d.rel());
+    EXPECT_LT(s.rel(), k_logit_rel_tol);
+    EXPECT_GT(d.rel(), 3 * k_logit_rel_tol);
+
+    // a wrong size is refused (before anything is decoded)
+    in[2].pop_back();
+    ctx_ptr fresh = make_ctx(m);
+    EXPECT_THROW(t::reference_logits(m, p.tokens, p.positions, {}, {}, in), std::invalid_argument);
+    EXPECT_THROW(t::decode_prompt(fresh.get(), m, p.tokens, p.positions, 0, in), std::invalid_argument);
+    EXPECT_EQ(llama_memory_seq_pos_max(llama_get_memory(fresh.get()), 0), -1);
+}
+
+// ---- gemma3: interleaved sliding-window attention -----------------------------------------------------------------
+
+t::tiny_config gemma3_config() {
+    t::tiny_config c = config_for("gemma3");
+    c.n_layer        = 4;  // layers 0, 2 SWA (window 8, RoPE base 1e4); 1, 3 global (RoPE base 1e6)
+    return c;
+}
+
+TEST(TinyModelGemma3, PromptLongerThanTheWindowMatchesReference) {
+    const t::tiny_model m = t::make_tiny_model(gemma3_config());
+    ASSERT_EQ(llama_model_n_swa(m.get()), 8);
+    ASSERT_TRUE(m.is_swa(0) && !m.is_swa(1) && m.is_swa(2) && !m.is_swa(3));
+    const prompt p = text_prompt(m, 24);
+    expect_logits_match(m, p, "24 tokens, window 8");
+    const std::vector<float> ref = t::reference_logits(m, p.tokens, p.positions);
+    {
+        ctx_ptr ctx = make_ctx(m, LLAMA_FLASH_ATTN_TYPE_DISABLED);
+        ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions), 0);
+        const diff_stats s = compare(last_logits(ctx.get(), m), ref);
+        std::printf("[gemma3 24 tokens, window 8, no-FA] logits: rel %.3g\n", s.rel());
+        EXPECT_LT(s.rel(), k_logit_rel_tol);
+    }
+
+    // The same weights without the window's mask (a window no prompt here reaches), or with the SWA layers at the
+    // global RoPE base, give clearly different logits.
+    t::tiny_config wide = m.config();
+    wide.sliding_window = 4096;
+    t::tiny_config one_base     = m.config();
+    one_base.rope_freq_base_swa = one_base.rope_freq_base;
+    const diff_stats no_mask = compare(t::reference_logits(t::make_tiny_model(wide), p.tokens, p.positions), ref);
+    const diff_stats base    = compare(t::reference_logits(t::make_tiny_model(one_base), p.tokens, p.positions), ref);
+    std::printf("[gemma3] reference without the SWA mask: rel diff %.3g; SWA layers at the global base: %.3g\n",
+                no_mask.rel(), base.rel());
+    EXPECT_GT(no_mask.rel(), 3 * k_logit_rel_tol);
+    EXPECT_GT(base.rel(), 3 * k_logit_rel_tol);
+
+    // the cache: the global layers hold all 24 cells, the SWA layers (their own cache) the last 8
+    expect_cache_matches(m, p, LLAMA_FLASH_ATTN_TYPE_AUTO);
+}
+
+// Embedding inputs are not multiplied by sqrt(n_embd) (llama.cpp scales token batches only).
+TEST(TinyModelGemma3, EmbeddingInputsAreNotScaled) {
+    const t::tiny_model m = t::make_tiny_model(gemma3_config());
+    const prompt        p = text_prompt(m);
+    t::input_embeddings raw(p.tokens.size()), scaled(p.tokens.size());
+    for (size_t i = 5; i < 11; ++i) {
+        raw[i]    = m.input_embedding(p.tokens[i]);
+        scaled[i] = raw[i];
+        for (float & x : scaled[i]) {
+            x *= std::sqrt(float(m.config().n_embd));
+        }
+    }
+    const std::vector<float> text = t::reference_logits(m, p.tokens, p.positions);
+    for (const bool scale : { false, true }) {
+        const t::input_embeddings & in  = scale ? scaled : raw;
+        ctx_ptr                     ctx = make_ctx(m);
+        ASSERT_EQ(t::decode_prompt(ctx.get(), m, p.tokens, p.positions, 0, in), 0);
+        const std::vector<float> got = last_logits(ctx.get(), m);
+        const diff_stats         s   = compare(got, t::reference_logits(m, p.tokens, p.positions, {}, {}, in));
+        const diff_stats         d   = compare(got, text);
+        std::printf("[gemma3 %s rows as embeddings] logits: rel %.3g; vs the all-token reference: %.3g\n",
+                    scale ? "sqrt(n_embd)-scaled" : "unscaled", s.rel(), d.rel());
+        EXPECT_LT(s.rel(), k_logit_rel_tol);
+        if (scale) {
+            EXPECT_LT(d.rel(), k_logit_rel_tol);  // the same as feeding the tokens
+        } else {
+            EXPECT_GT(d.rel(), 3 * k_logit_rel_tol);
+        }
+    }
+}
+
 // Other seeds and shapes (MHA, MQA, wider heads with other sections, 3 layers) also match.
 TEST(TinyModelShapes, OtherSeedsAndShapesMatchReference) {
     std::vector<t::tiny_config> cfgs;
-    for (const char * arch : { "llama", "qwen2", "qwen2vl" }) {
+    for (const char * arch : { "llama", "qwen2", "qwen2vl", "qwen3vl", "gemma3" }) {
         t::tiny_config c = config_for(arch);
         c.seed           = 7;
         cfgs.push_back(c);
         c.n_layer = 3, c.n_embd = 128, c.n_head = 4, c.n_head_kv = 4, c.n_ff = 96, c.n_vocab = 200;
         c.rope_sections = { 4, 6, 6, 0 };  // head_dim 32
+        c.n_deepstack_layers = 2;          // qwen3vl
+        c.swa_pattern = 3, c.sliding_window = 5;  // gemma3: layers 0, 1 SWA, 2 global
         cfgs.push_back(c);
         c.n_head_kv = 1, c.rope_freq_base = 1e6f, c.seed = 11;
         c.rope_sections = { 6, 5, 5, 0 };
+        c.sliding_window = 0;  // gemma3 without SWA: one plain cache, one RoPE base
         cfgs.push_back(c);
     }
     for (const t::tiny_config & c : cfgs) {
         const t::tiny_model m = t::make_tiny_model(c);
         const prompt        p = m.mrope() ? image_prompt(m) : text_prompt(m, 24);
-        SCOPED_TRACE(c.arch + " n_embd " + std::to_string(c.n_embd) + " n_head_kv " + std::to_string(c.n_head_kv));
+        SCOPED_TRACE(c.arch + " n_embd " + std::to_string(c.n_embd) + " n_head_kv " + std::to_string(c.n_head_kv) +
+                     " seed " + std::to_string(c.seed));
         expect_logits_match(m, p, "shape");
         const blob_view b = decode_and_read(m, p, LLAMA_FLASH_ATTN_TYPE_AUTO);
         EXPECT_EQ(compare_kv(m, b, t::reference_kv(m, p.tokens, p.positions), 0).bad, 0);
@@ -522,6 +761,15 @@ TEST(TinyModelConfig, RejectsBadConfigs) {
     EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
     c           = {};
     c.n_threads = 0;
+    EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+    c                    = config_for("qwen3vl");
+    c.n_deepstack_layers = c.n_layer;  // llama.cpp would abort in llama_decode
+    EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+    c             = config_for("gemma3");
+    c.swa_pattern = 1;  // no SWA layer: llama.cpp asserts when it makes the iSWA cache
+    EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
+    c                = config_for("gemma3");
+    c.sliding_window = -1;
     EXPECT_THROW(t::make_tiny_model(c), std::invalid_argument);
 }
 

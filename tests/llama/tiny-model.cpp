@@ -51,7 +51,7 @@ struct init_rule {
 init_rule rule_for(const tiny_config & c, const std::string & name, int64_t fan_in_elems) {
     const std::string s       = layer_suffix(name);
     const double      fan_in  = double(fan_in_elems);
-    const bool        qkv_bias = c.arch != "llama";  // Qwen2 and Qwen2-VL have Q/K/V biases
+    const bool        qkv_bias = c.arch == "qwen2" || c.arch == "qwen2vl";  // the archs whose real models have them
 
     if (ends_with(s, ".scale") || ends_with(s, ".input_scale") || starts_with(s, "rope_freqs") ||
         starts_with(s, "rope_factors")) {
@@ -63,8 +63,13 @@ init_rule rule_for(const tiny_config & c, const std::string & name, int64_t fan_
     if (s == "output.weight") {
         return { init_kind::normal, 1.0 / std::sqrt(fan_in) };
     }
-    if (s == "output_norm.weight" || s == "attn_norm.weight" || s == "ffn_norm.weight") {
+    if (s == "output_norm.weight" || s == "attn_norm.weight" || s == "ffn_norm.weight" ||
+        s == "attn_q_norm.weight" || s == "attn_k_norm.weight" || s == "post_attention_norm.weight" ||
+        s == "post_ffw_norm.weight") {
         return { init_kind::norm, 0.1 };
+    }
+    if (s == "cls.output.weight") {  // qwen3vl's rerank head: created, never used for generation
+        return { init_kind::zero };
     }
     if (s == "attn_q.weight" || s == "attn_k.weight") {
         return { init_kind::normal, 1.3 / std::sqrt(fan_in) };
@@ -337,8 +342,16 @@ std::unique_ptr<gguf_context, gguf_deleter> make_metadata(const tiny_config & c)
     gguf_set_val_u32(g.get(), k("attention.head_count_kv").c_str(), uint32_t(c.n_head_kv));
     gguf_set_val_f32(g.get(), k("attention.layer_norm_rms_epsilon").c_str(), 1e-5f);
     gguf_set_val_f32(g.get(), k("rope.freq_base").c_str(), c.rope_freq_base);
-    if (c.arch == "qwen2vl") {
+    if (c.arch == "qwen2vl" || c.arch == "qwen3vl") {
         gguf_set_arr_data(g.get(), k("rope.dimension_sections").c_str(), GGUF_TYPE_INT32, c.rope_sections.data(), 4);
+    }
+    if (c.arch == "qwen3vl") {
+        gguf_set_val_u32(g.get(), k("n_deepstack_layers").c_str(), uint32_t(c.n_deepstack_layers));
+    }
+    if (c.arch == "gemma3" && c.sliding_window > 0) {  // no key: llama.cpp's gemma3 has no SWA at all
+        gguf_set_val_u32(g.get(), k("attention.sliding_window").c_str(), uint32_t(c.sliding_window));
+        gguf_set_val_u32(g.get(), k("attention.sliding_window_pattern").c_str(), uint32_t(c.swa_pattern));
+        gguf_set_val_f32(g.get(), k("rope.freq_base_swa").c_str(), c.rope_freq_base_swa);
     }
 
     if (c.tokenizer == "bpe") {
@@ -360,8 +373,8 @@ std::unique_ptr<gguf_context, gguf_deleter> make_metadata(const tiny_config & c)
 }
 
 void validate(const tiny_config & c) {
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen2vl") {
-        throw std::invalid_argument("tiny_model: arch must be llama, qwen2 or qwen2vl, not " + c.arch);
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen2vl" && c.arch != "qwen3vl" && c.arch != "gemma3") {
+        throw std::invalid_argument("tiny_model: arch must be llama, qwen2, qwen2vl, qwen3vl or gemma3, not " + c.arch);
     }
     if (c.n_layer <= 0 || c.n_embd <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || c.n_ff <= 0 || c.n_vocab <= 0 ||
         c.n_ctx_train <= 0) {
@@ -370,13 +383,21 @@ void validate(const tiny_config & c) {
     if (c.n_embd % c.n_head != 0 || c.n_head % c.n_head_kv != 0 || c.head_dim() % 2 != 0) {
         throw std::invalid_argument("tiny_model: need n_embd % n_head == 0, n_head % n_head_kv == 0, even head_dim");
     }
-    if (c.arch == "qwen2vl") {
+    if (c.arch == "qwen2vl" || c.arch == "qwen3vl") {
         const auto & s = c.rope_sections;
         if (s[0] < 0 || s[1] < 0 || s[2] < 0 || s[3] != 0 || s[0] + s[1] + s[2] <= 0 ||
             s[0] + s[1] + s[2] > c.head_dim()) {
             throw std::invalid_argument("tiny_model: rope_sections must be >= 0 with sections[3] == 0 and a sum in "
                                         "(0, head_dim]");
         }
+    }
+    if (c.arch == "qwen3vl" && (c.n_deepstack_layers < 0 || c.n_deepstack_layers >= c.n_layer)) {
+        throw std::invalid_argument("tiny_model: n_deepstack_layers must be in [0, n_layer)");
+    }
+    if (c.arch == "gemma3" && (c.sliding_window < 0 || (c.sliding_window > 0 && c.swa_pattern < 2) ||
+                               !(c.rope_freq_base_swa > 0))) {
+        throw std::invalid_argument("tiny_model: gemma3 needs sliding_window >= 0, swa_pattern >= 2 and "
+                                    "rope_freq_base_swa > 0");
     }
     if (c.tokenizer != "test" && c.tokenizer != "bpe") {
         throw std::invalid_argument("tiny_model: tokenizer must be test or bpe, not " + c.tokenizer);
@@ -425,38 +446,80 @@ vecd linear(const tiny_model & m, const std::string & w, const vecd & x, const s
     return y;
 }
 
-vecd rms_norm(const vecd & x, const tiny_tensor & w, double eps) {
+// x[0..n) = x / rms(x) * w, in place (ggml_rms_norm then the weight, as llama.cpp's build_norm).
+void rms_norm_in_place(double * x, int32_t n, const tiny_tensor & w, double eps) {
     double ss = 0.0;
-    for (double v : x) {
-        ss += v * v;
+    for (int32_t i = 0; i < n; ++i) {
+        ss += x[i] * x[i];
     }
-    const double scale = 1.0 / std::sqrt(ss / double(x.size()) + eps);
-    vecd         y(x.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-        y[i] = x[i] * scale * double(w.data[i]);
+    const double scale = 1.0 / std::sqrt(ss / double(n) + eps);
+    for (int32_t i = 0; i < n; ++i) {
+        x[i] *= scale * double(w.data[size_t(i)]);
     }
+}
+
+vecd rms_norm(const vecd & x, const tiny_tensor & w, double eps) {
+    vecd y = x;
+    rms_norm_in_place(y.data(), int32_t(y.size()), w, eps);
     return y;
+}
+
+// How an arch rotates (llama_model_rope_type): NORM = LLAMA_ROPE_TYPE_NORM, adjacent pairs (2i, 2i+1); the others
+// rotate NEOX pairs (i, i + d/2): NEOX with 1-D positions, MROPE with contiguous (t, y, x) sections, IMROPE with
+// interleaved ones.
+enum class rope_kind { norm, neox, mrope, imrope };
+
+rope_kind rope_kind_of(const std::string & arch) {
+    if (arch == "llama") {
+        return rope_kind::norm;
+    }
+    if (arch == "qwen2vl") {
+        return rope_kind::mrope;
+    }
+    if (arch == "qwen3vl") {
+        return rope_kind::imrope;
+    }
+    return rope_kind::neox;  // qwen2, gemma3
+}
+
+// The position pair i of a head rotates by (ggml_mrope_cache_init, ggml-cpu/ops.cpp): plane t, y or x, or plane 3,
+// which llama.cpp always sets to 0 (llm_graph_input_pos::set_input for tokens, mtmd / decode_prompt for embeddings).
+int32_t rope_position(int32_t i, const position & p, const std::array<int32_t, 4> & s, rope_kind kind) {
+    if (kind != rope_kind::mrope && kind != rope_kind::imrope) {
+        return p[0];
+    }
+    const int32_t sector = i % (s[0] + s[1] + s[2] + s[3]);
+    if (kind == rope_kind::imrope) {
+        if (sector % 3 == 1 && sector < 3 * s[1]) {
+            return p[1];
+        }
+        if (sector % 3 == 2 && sector < 3 * s[2]) {
+            return p[2];
+        }
+        if (sector % 3 == 0 && sector < 3 * s[0]) {
+            return p[0];
+        }
+        return 0;  // plane 3
+    }
+    if (sector >= s[0] && sector < s[0] + s[1]) {
+        return p[1];  // plane 1 = y
+    }
+    if (sector >= s[0] + s[1] && sector < s[0] + s[1] + s[2]) {
+        return p[2];  // plane 2 = x
+    }
+    return sector < s[0] ? p[0] : 0;  // sector >= s0+s1+s2: plane 3 (validate() keeps qwen2vl's sections off it)
 }
 
 // Rotates one head vector (head_dim values) in place, as ggml_rope_ext / ggml_rope_multi on CPU with
 // freq_scale = 1, ext_factor = 0, attn_factor = 1 and no freq factors.
-void rope_head(double * v, int32_t d, const position & p, const tiny_config & c, bool mrope) {
+void rope_head(double * v, int32_t d, const position & p, const std::array<int32_t, 4> & sections, rope_kind kind,
+               double base) {
     const int32_t half = d / 2;
-    const bool    neox = c.arch != "llama";  // qwen2: LLAMA_ROPE_TYPE_NEOX; qwen2vl: M-RoPE, NEOX pairs
+    const bool    neox = kind != rope_kind::norm;
     for (int32_t i = 0; i < half; ++i) {
-        int32_t pos = p[0];
-        if (mrope) {
-            const auto &  s      = c.rope_sections;
-            const int32_t sector = i % (s[0] + s[1] + s[2] + s[3]);
-            if (sector >= s[0] && sector < s[0] + s[1]) {
-                pos = p[1];  // plane 1 = y
-            } else if (sector >= s[0] + s[1] && sector < s[0] + s[1] + s[2]) {
-                pos = p[2];  // plane 2 = x
-            }
-            // sector >= s0+s1+s2 would use plane 3; validate() forbids it (sections[3] == 0)
-        }
-        const double theta = double(pos) * std::pow(double(c.rope_freq_base), -2.0 * double(i) / double(d));
-        const double cs = std::cos(theta), sn = std::sin(theta);
+        const int32_t pos   = rope_position(i, p, sections, kind);
+        const double  theta = double(pos) * std::pow(base, -2.0 * double(i) / double(d));
+        const double  cs = std::cos(theta), sn = std::sin(theta);
         const int32_t a = neox ? i : 2 * i;  // NEOX pairs (i, i + d/2) vs NORM pairs (2i, 2i + 1)
         const int32_t b = neox ? i + half : 2 * i + 1;
         const double  x0 = v[a], x1 = v[b];
@@ -467,6 +530,12 @@ void rope_head(double * v, int32_t d, const position & p, const tiny_config & c,
 
 double silu(double x) {
     return x / (1.0 + std::exp(-x));
+}
+
+// GELU, tanh approximation (ggml_gelu; gemma3's LLM_FFN_GELU).
+double gelu_tanh(double x) {
+    constexpr double sqrt_2_over_pi = 0.7978845608028654;
+    return 0.5 * x * (1.0 + std::tanh(sqrt_2_over_pi * x * (1.0 + 0.044715 * x * x)));
 }
 
 }  // namespace
@@ -526,6 +595,32 @@ const float * tiny_model::embedding(int32_t token) const {
     return tensor("token_embd.weight").data.data() + size_t(token) * size_t(config_.n_embd);
 }
 
+std::vector<float> tiny_model::input_embedding(int32_t token) const {
+    const int32_t      n_embd = config_.n_embd;
+    const float *      e      = embedding(token);
+    std::vector<float> out(e, e + n_embd);
+    out.reserve(size_t(n_embd_inp()));
+    for (int32_t k = 0; int32_t(out.size()) < n_embd_inp(); ++k) {
+        const float * part = embedding((token + 17 * (k + 1)) % config_.n_vocab);
+        for (int32_t i = 0; i < n_embd; ++i) {
+            out.push_back(0.5f * part[i]);
+        }
+    }
+    return out;
+}
+
+int32_t tiny_model::n_embd_inp() const {
+    return config_.n_embd * (1 + (config_.arch == "qwen3vl" ? config_.n_deepstack_layers : 0));
+}
+
+int32_t tiny_model::n_swa() const {
+    return config_.arch == "gemma3" ? config_.sliding_window : 0;
+}
+
+bool tiny_model::is_swa(int32_t il) const {
+    return n_swa() > 0 && il % config_.swa_pattern < config_.swa_pattern - 1;
+}
+
 int32_t tiny_config::test_gpu_layers() {
     const char * ngl = std::getenv("ECOKV_TEST_NGL");
     return ngl && *ngl ? int32_t(std::strtol(ngl, nullptr, 10)) : 0;
@@ -567,7 +662,8 @@ tiny_model make_tiny_model(const tiny_config & cfg) {
         throw std::runtime_error(msg);  // ~tiny_model frees the model
     }
     if (llama_model_n_head(m.model_) != cfg.n_head || llama_model_n_head_kv(m.model_) != cfg.n_head_kv ||
-        llama_model_n_layer(m.model_) != cfg.n_layer || llama_model_n_embd(m.model_) != cfg.n_embd) {
+        llama_model_n_layer(m.model_) != cfg.n_layer || llama_model_n_embd(m.model_) != cfg.n_embd ||
+        llama_model_n_embd_inp(m.model_) != m.n_embd_inp() || llama_model_n_swa(m.model_) != m.n_swa()) {
         throw std::runtime_error("tiny_model: llama.cpp read back different hyperparameters");
     }
     m.n_params_ = b.n_params;  // llama_model_n_params / llama_model_size report 0 for a model built from user data
@@ -624,30 +720,98 @@ kv_rounding cache_rounding(int32_t k_type, int32_t v_type) {
     return { round_through(ggml_get_type_traits_cpu(k)->vec_dot_type), round_through(k), round_through(ggml_type(v_type)) };
 }
 
+std::vector<bool> embedding_tokens(const tiny_model & m, const std::vector<position> & positions,
+                                   const input_embeddings & inputs) {
+    const int32_t n = int32_t(positions.size());
+    if (!inputs.empty() && inputs.size() != positions.size()) {
+        throw std::invalid_argument("tiny_model: need one input embedding entry per token (or none)");
+    }
+    std::vector<bool> out(size_t(n), false);
+    for (int32_t i = 0; i < n; ++i) {
+        const position & p = positions[size_t(i)];
+        // an M-RoPE token is image-like when its y/x differ from t or a neighbour shares its t (an image block)
+        const bool shared = (i > 0 && positions[size_t(i - 1)][0] == p[0]) ||
+                            (i + 1 < n && positions[size_t(i + 1)][0] == p[0]);
+        const bool image  = m.mrope() && (p[1] != p[0] || p[2] != p[0] || shared);
+        out[size_t(i)]    = image || (!inputs.empty() && !inputs[size_t(i)].empty());
+    }
+    return out;
+}
+
+namespace {
+
+// What token i enters the first layer with: the layer input x0 (n_embd) and, for qwen3vl, the deepstack parts that
+// layers 0 .. n_deepstack_layers-1 add to their outputs (zero for token inputs, as llama.cpp's ggml_pad).
+struct reference_input {
+    vecd              x0;
+    std::vector<vecd> deepstack;
+};
+
+std::vector<reference_input> reference_inputs(const tiny_model & m, const std::vector<int32_t> & tokens,
+                                              const std::vector<position> & positions,
+                                              const input_embeddings & inputs) {
+    const tiny_config &     c      = m.config();
+    const int32_t           n_embd = c.n_embd, n_ds = m.n_embd_inp() / n_embd - 1;
+    const std::vector<bool> embd   = embedding_tokens(m, positions, inputs);
+    // gemma3 scales token inputs only: ggml_scale(inp, ubatch.token ? sqrtf(n_embd) : 1)
+    const double token_scale = c.arch == "gemma3" ? double(std::sqrt(float(n_embd))) : 1.0;
+
+    std::vector<reference_input> out(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        reference_input & r = out[i];
+        r.deepstack.assign(size_t(n_ds), vecd(size_t(n_embd), 0.0));
+        if (!embd[i]) {
+            const float * e = m.embedding(tokens[i]);
+            r.x0.resize(size_t(n_embd));
+            for (int32_t j = 0; j < n_embd; ++j) {
+                r.x0[size_t(j)] = double(e[j]) * token_scale;
+            }
+            continue;
+        }
+        const std::vector<float> dflt = inputs.empty() || inputs[i].empty() ? m.input_embedding(tokens[i])
+                                                                            : std::vector<float>{};
+        const std::vector<float> & e  = dflt.empty() ? inputs[i] : dflt;
+        if (int32_t(e.size()) != m.n_embd_inp()) {
+            throw std::invalid_argument("reference: an input embedding needs n_embd_inp floats");
+        }
+        r.x0.assign(e.begin(), e.begin() + n_embd);
+        for (int32_t k = 0; k < n_ds; ++k) {
+            r.deepstack[size_t(k)].assign(e.begin() + (k + 1) * n_embd, e.begin() + (k + 2) * n_embd);
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
 reference_output reference_forward(const tiny_model & m, const std::vector<int32_t> & tokens,
                                    const std::vector<position> & positions, const keep_fn & keep,
-                                   const kv_rounding & rounding) {
+                                   const kv_rounding & rounding, const input_embeddings & inputs) {
     const tiny_config & c = m.config();
     const int32_t       n = int32_t(tokens.size());
     if (n == 0 || positions.size() != tokens.size()) {
         throw std::invalid_argument("reference: need one position per token and at least one token");
     }
-    const int32_t d = c.head_dim(), n_embd = c.n_embd, n_kv = c.n_head_kv, group = c.n_head / c.n_head_kv;
-    const bool    mrope = m.mrope();
-    const double  eps   = m.rms_eps();
-    const double  scale = 1.0 / std::sqrt(double(d));
+    const int32_t   d = c.head_dim(), n_embd = c.n_embd, n_kv = c.n_head_kv, group = c.n_head / c.n_head_kv;
+    const rope_kind rope   = rope_kind_of(c.arch);
+    const bool      gemma3 = c.arch == "gemma3";
+    const bool      qk_norm = gemma3 || c.arch == "qwen3vl";
+    const double    eps    = m.rms_eps();
+    const double    scale  = 1.0 / std::sqrt(double(d));
 
-    std::vector<vecd> x(static_cast<size_t>(n));
+    const std::vector<reference_input> in = reference_inputs(m, tokens, positions, inputs);
+    std::vector<vecd>                  x(static_cast<size_t>(n));
     for (int32_t i = 0; i < n; ++i) {
-        const float * e = m.embedding(tokens[size_t(i)]);
-        x[size_t(i)].assign(e, e + n_embd);
+        x[size_t(i)] = in[size_t(i)].x0;
     }
 
     reference_output out;
     out.kv.resize(size_t(c.n_layer));
 
     for (int32_t il = 0; il < c.n_layer; ++il) {
-        const std::string blk = "blk." + std::to_string(il) + ".";
+        const std::string blk  = "blk." + std::to_string(il) + ".";
+        const bool        swa  = m.is_swa(il);
+        const double      base = double(swa ? c.rope_freq_base_swa : c.rope_freq_base);
 
         std::vector<vecd> q(static_cast<size_t>(n)), k(static_cast<size_t>(n)), v(static_cast<size_t>(n));
         for (int32_t i = 0; i < n; ++i) {
@@ -656,10 +820,14 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
             k[size_t(i)] = linear(m, blk + "attn_k", h, blk + "attn_k.bias");
             v[size_t(i)] = linear(m, blk + "attn_v", h, blk + "attn_v.bias");
             for (int32_t hh = 0; hh < c.n_head; ++hh) {
-                rope_head(q[size_t(i)].data() + size_t(hh * d), d, positions[size_t(i)], c, mrope);
+                double * row = q[size_t(i)].data() + size_t(hh * d);
+                qk_norm ? rms_norm_in_place(row, d, m.tensor(blk + "attn_q_norm.weight"), eps) : void();
+                rope_head(row, d, positions[size_t(i)], c.rope_sections, rope, base);
             }
             for (int32_t g = 0; g < n_kv; ++g) {
-                rope_head(k[size_t(i)].data() + size_t(g * d), d, positions[size_t(i)], c, mrope);
+                double * row = k[size_t(i)].data() + size_t(g * d);
+                qk_norm ? rms_norm_in_place(row, d, m.tensor(blk + "attn_k_norm.weight"), eps) : void();
+                rope_head(row, d, positions[size_t(i)], c.rope_sections, rope, base);
             }
             for (int32_t hh = 0; rounding.q && hh < c.n_head; ++hh) {
                 rounding.q(q[size_t(i)].data() + size_t(hh * d), d);
@@ -699,6 +867,10 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
                 std::vector<double>  s;
                 std::vector<int32_t> idx;
                 for (int32_t j = 0; j <= i; ++j) {
+                    // llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD: p1 - p0 >= n_swa hides p0 from p1
+                    if (swa && positions[size_t(i)][0] - positions[size_t(j)][0] >= c.sliding_window) {
+                        continue;
+                    }
                     if (keep && !keep(il, g, i, j)) {
                         continue;
                     }
@@ -725,8 +897,11 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
                     }
                 }
             }
-            const vecd o = linear(m, blk + "attn_output", attn, blk + "attn_output.bias");
-            vecd       r = x[size_t(i)];
+            vecd o = linear(m, blk + "attn_output", attn, blk + "attn_output.bias");
+            if (gemma3) {
+                o = rms_norm(o, m.tensor(blk + "post_attention_norm.weight"), eps);
+            }
+            vecd r = x[size_t(i)];
             for (int32_t e = 0; e < n_embd; ++e) {
                 r[size_t(e)] += o[size_t(e)];
             }
@@ -736,11 +911,19 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
             const vecd up   = linear(m, blk + "ffn_up", h, blk + "ffn_up.bias");
             vecd       act(gate.size());
             for (size_t e = 0; e < act.size(); ++e) {
-                act[e] = silu(gate[e]) * up[e];
+                act[e] = (gemma3 ? gelu_tanh(gate[e]) : silu(gate[e])) * up[e];
             }
-            const vecd down = linear(m, blk + "ffn_down", act, blk + "ffn_down.bias");
+            vecd down = linear(m, blk + "ffn_down", act, blk + "ffn_down.bias");
+            if (gemma3) {
+                down = rms_norm(down, m.tensor(blk + "post_ffw_norm.weight"), eps);
+            }
             for (int32_t e = 0; e < n_embd; ++e) {
                 r[size_t(e)] += down[size_t(e)];
+            }
+            if (il < int32_t(in[size_t(i)].deepstack.size())) {  // qwen3vl: after the FFN residual
+                for (int32_t e = 0; e < n_embd; ++e) {
+                    r[size_t(e)] += in[size_t(i)].deepstack[size_t(il)][size_t(e)];
+                }
             }
             x_next[size_t(i)] = std::move(r);
         }
@@ -748,7 +931,8 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
     }
 
     const vecd h      = rms_norm(x.back(), m.tensor("output_norm.weight"), eps);
-    // qwen2 adds output.bias, qwen2vl creates it but never adds it (0 here either way); llama has none.
+    // qwen2 adds output.bias, qwen2vl creates it but never adds it (0 here either way); the others have none.
+    // gemma3's final logit softcapping is off (no final_logit_softcapping key).
     const vecd logits = linear(m, "output", h);
     out.logits.assign(logits.begin(), logits.end());
     return out;
@@ -756,8 +940,8 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
 
 std::vector<float> reference_logits(const tiny_model & m, const std::vector<int32_t> & tokens,
                                     const std::vector<position> & positions, const keep_fn & keep,
-                                    const kv_rounding & rounding) {
-    return reference_forward(m, tokens, positions, keep, rounding).logits;
+                                    const kv_rounding & rounding, const input_embeddings & inputs) {
+    return reference_forward(m, tokens, positions, keep, rounding, inputs).logits;
 }
 
 std::vector<reference_layer_kv> reference_kv(const tiny_model & m, const std::vector<int32_t> & tokens,
@@ -768,34 +952,31 @@ std::vector<reference_layer_kv> reference_kv(const tiny_model & m, const std::ve
 // ---- decoding through llama.cpp ----------------------------------------------------------------------------------
 
 int32_t decode_prompt(llama_context * ctx, const tiny_model & m, const std::vector<int32_t> & tokens,
-                      const std::vector<position> & positions, int32_t seq_id) {
+                      const std::vector<position> & positions, int32_t seq_id, const input_embeddings & inputs) {
     if (positions.size() != tokens.size() || tokens.empty()) {
         throw std::invalid_argument("decode_prompt: need one position per token and at least one token");
     }
-    const int32_t n     = int32_t(tokens.size());
-    const bool    mrope = m.mrope();
-    // an M-RoPE token is image-like when its y/x differ from t or a neighbour shares its t (an image block)
-    auto is_text = [&](int32_t i) {
-        const position & p = positions[size_t(i)];
-        if (!mrope) {
-            return true;
+    const int32_t           n      = int32_t(tokens.size());
+    const int32_t           n_inp  = m.n_embd_inp();
+    const int32_t           planes = m.mrope() ? 4 : 1;
+    const std::vector<bool> embd_tok = embedding_tokens(m, positions, inputs);
+    for (const std::vector<float> & e : inputs) {  // before anything is decoded
+        if (!e.empty() && int32_t(e.size()) != n_inp) {
+            throw std::invalid_argument("decode_prompt: an input embedding needs n_embd_inp floats");
         }
-        const bool shared = (i > 0 && positions[size_t(i - 1)][0] == p[0]) ||
-                            (i + 1 < int32_t(positions.size()) && positions[size_t(i + 1)][0] == p[0]);
-        return p[1] == p[0] && p[2] == p[0] && !shared;
-    };
+    }
 
     for (int32_t i0 = 0; i0 < n;) {
-        const bool text = is_text(i0);
+        const bool text = !embd_tok[size_t(i0)];
         int32_t    i1   = i0 + 1;
-        while (i1 < n && is_text(i1) == text) {
+        while (i1 < n && embd_tok[size_t(i1)] == embd_tok[size_t(i0)]) {
             ++i1;
         }
         const int32_t nt = i1 - i0;
 
         std::vector<llama_token>    tok;
         std::vector<float>          embd;
-        std::vector<llama_pos>      pos(size_t(nt) * (text ? 1 : 4), 0);
+        std::vector<llama_pos>      pos(size_t(nt) * (text ? 1 : planes), 0);
         std::vector<int32_t>        n_seq(size_t(nt), 1);
         llama_seq_id                sid = seq_id;
         std::vector<llama_seq_id *> sids(size_t(nt), &sid);
@@ -803,14 +984,17 @@ int32_t decode_prompt(llama_context * ctx, const tiny_model & m, const std::vect
         out.back() = i1 == n ? 1 : 0;
 
         for (int32_t r = 0; r < nt; ++r) {
-            const position & p = positions[size_t(i0 + r)];
+            const size_t     i = size_t(i0 + r);
+            const position & p = positions[i];
+            pos[size_t(r)]     = p[0];
             if (text) {
-                tok.push_back(tokens[size_t(i0 + r)]);
-                pos[size_t(r)] = p[0];
-            } else {
-                const float * e = m.embedding(tokens[size_t(i0 + r)]);
-                embd.insert(embd.end(), e, e + m.config().n_embd);
-                pos[size_t(r)]          = p[0];
+                tok.push_back(tokens[i]);
+                continue;
+            }
+            const bool explicit_input = !inputs.empty() && !inputs[i].empty();
+            const std::vector<float> e = explicit_input ? inputs[i] : m.input_embedding(tokens[i]);
+            embd.insert(embd.end(), e.begin(), e.end());
+            if (planes == 4) {
                 pos[size_t(r + nt)]     = p[1];  // y
                 pos[size_t(r + 2 * nt)] = p[2];  // x
                 pos[size_t(r + 3 * nt)] = 0;     // z: unused, 0 as mtmd

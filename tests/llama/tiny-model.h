@@ -1,9 +1,10 @@
 // Test support: tiny random-weight llama.cpp models built in memory, and an independent reference forward pass.
 //
-// make_tiny_model() builds a `llama`, `qwen2` or `qwen2vl` model through llama_model_init_from_user() with the dummy "test"
-// tokenizer (token ids are fed directly) and keeps a copy of every weight as F32. reference_forward() recomputes the
-// model in double precision with plain loops (no ggml), with an optional per-(layer, KV head, query, key) mask, so
-// tests can check what llama.cpp computes with a full or an evicted KV cache. See tests/llama/README.md.
+// make_tiny_model() builds a `llama`, `qwen2`, `qwen2vl`, `qwen3vl` or `gemma3` model through llama_model_init_from_user()
+// with the dummy "test" tokenizer (token ids are fed directly) and keeps a copy of every weight as F32.
+// reference_forward() recomputes the model in double precision with plain loops (no ggml), with an optional
+// per-(layer, KV head, query, key) mask and optional per-token input embeddings (image embeddings, deepstack parts),
+// so tests can check what llama.cpp computes with a full or an evicted KV cache. See tests/llama/README.md.
 //
 // The same builder makes bench-decode's billion-parameter models: quantized matrices (weight_type) and no F32 copy
 // (keep_reference_weights = false), filled chunk by chunk on n_threads threads with the same values.
@@ -24,8 +25,10 @@ struct llama_context;
 namespace ecokv::test {
 
 struct tiny_config {
-    // "llama" (stories260K-like), "qwen2" (Q/K/V biases, NEOX RoPE: InternVL3's text model) or "qwen2vl" (M-RoPE, Q/K/V
-    // biases)
+    // "llama" (stories260K-like), "qwen2" (Q/K/V biases, NEOX RoPE: InternVL3's text model), "qwen2vl" (M-RoPE, Q/K/V
+    // biases), "qwen3vl" (Qwen3-VL's text model: Q/K RMS norms, interleaved M-RoPE, deepstack inputs) or "gemma3"
+    // (Gemma 3's text model: sqrt(n_embd)-scaled token embeddings, Q/K norms, post-attention/post-FFN norms, GELU FFN,
+    // interleaved sliding-window attention with its own RoPE base).
     std::string arch = "llama";
     int32_t n_layer = 2, n_embd = 64, n_head = 4, n_head_kv = 2, n_ff = 128, n_vocab = 128, n_ctx_train = 4096;
     float    rope_freq_base = 10000;
@@ -34,9 +37,25 @@ struct tiny_config {
     // vocabulary (every byte a token, then "\n\n", <|im_start|> (BOS), <|im_end|> (EOS), <fake_token_around_image>,
     // <global-img>, <end_of_utterance>; needs n_vocab >= 262), for projectors whose mtmd layout looks pieces up by text.
     std::string tokenizer = "test";
-    // qwen2vl only: M-RoPE sections (t, y, x, extra) counted in rotation pairs (head_dim/2 in all). The extra
-    // section must be 0 (as in Qwen2-VL): llama.cpp fills plane 3 inconsistently (t for text, 0 from mtmd images).
+    // qwen2vl and qwen3vl: M-RoPE sections (t, y, x, extra) counted in rotation pairs; the extra section must be 0 and
+    // the sum in (0, head_dim]. qwen2vl gives contiguous runs of pairs to t, y, x (sum = head_dim/2 covers every pair).
+    // qwen3vl interleaves them (IMROPE): pair i, sector s = i % sum, takes y if s%3 == 1 && s < 3*sections[1], x if
+    // s%3 == 2 && s < 3*sections[2], t if s%3 == 0 && s < 3*sections[0], else plane 3, which llama.cpp always sets to 0
+    // (such a pair is not rotated; {2,3,3,0} leaves pair 6 of 8 there, as Qwen3-VL's {24,20,20,0} leaves 2 of 64).
     std::array<int32_t, 4> rope_sections = { 2, 3, 3, 0 };
+    // qwen3vl only: deepstack layers (llama.cpp n_deepstack_layers), 0 .. n_layer-1. The model's input embedding is then
+    // n_embd_inp = n_embd * (1 + n_deepstack_layers) floats: the layer input, then one part per deepstack layer; layer
+    // il < n_deepstack_layers adds part il+1 to its output. Token inputs have zero parts. (A deepstack last layer
+    // would make llama.cpp abort when only some tokens output logits: its output rows are selected before the add.)
+    int32_t n_deepstack_layers = 0;
+    // gemma3 only: sliding window in positions (llama.cpp n_swa; 0 = none: one plain KV cache and rope_freq_base for
+    // every layer). With a window, layer il is a sliding-window (SWA) layer iff il % swa_pattern < swa_pattern - 1
+    // (llama.cpp's set_swa_pattern; swa_pattern >= 2, so pattern 2 makes even layers SWA and odd ones global): a key
+    // at position p_k is hidden from a query at p_q when p_q - p_k >= sliding_window, and RoPE uses
+    // rope_freq_base_swa there, rope_freq_base in the global layers.
+    int32_t sliding_window     = 8;
+    int32_t swa_pattern        = 2;
+    float   rope_freq_base_swa = 10000;
 
     // Type of the matrices (token_embd, output, attn_q/k/v/output, ffn_gate/up/down): "f32", "f16", "q8_0" or
     // "q4_0". A matrix whose rows are not whole quantization blocks stays F32; norms, biases and scales are F32.
@@ -79,10 +98,16 @@ class tiny_model {
     const tiny_config & config() const { return config_; }
     int64_t             n_params() const { return n_params_; }  // elements of every tensor llama.cpp filled
     uint64_t            n_bytes() const { return n_bytes_; }    // their size as stored (quantized matrices)
-    bool                mrope() const { return config_.arch == "qwen2vl"; }
-    // RMSNorm epsilon llama.cpp actually uses: 1e-5 for llama; 0 for qwen2vl, because this tree's
-    // llama_model_qwen2vl::load_arch_hparams never reads layer_norm_rms_epsilon (hparams stay zero-initialised).
+    // Positions have (t, y, x) planes (M-RoPE: qwen2vl, qwen3vl); llama.cpp takes 4 position planes per embedding.
+    bool                mrope() const { return config_.arch == "qwen2vl" || config_.arch == "qwen3vl"; }
+    // RMSNorm epsilon llama.cpp actually uses: 1e-5 (as written) for every arch but qwen2vl, which uses 0 because this
+    // tree's llama_model_qwen2vl::load_arch_hparams never reads layer_norm_rms_epsilon (hparams stay zero-initialised).
     double rms_eps() const { return rms_eps_; }
+    // Floats per input embedding (llama_model_n_embd_inp): n_embd * (1 + n_deepstack_layers) for qwen3vl, else n_embd.
+    int32_t n_embd_inp() const;
+    // gemma3 with a sliding window: whether layer il is a sliding-window layer, and the window (0 without one).
+    bool    is_swa(int32_t il) const;
+    int32_t n_swa() const;
 
     // Every tensor llama.cpp created, by GGUF name (e.g. "blk.0.attn_q.weight"), including the optional ones that a
     // from-user model creates anyway (*.scale, *.input_scale, rope_freqs, output.bias, ...), which hold 1 or 0.
@@ -91,6 +116,10 @@ class tiny_model {
     const tiny_tensor *                        find(const std::string & name) const;    // nullptr if absent
     const tiny_tensor &                        tensor(const std::string & name) const;  // throws if absent
     const float * embedding(int32_t token) const;  // row of token_embd.weight (n_embd floats)
+    // What decode_prompt sends for an image-like token without an explicit input (n_embd_inp() floats): the token's
+    // row of token_embd, then for qwen3vl deepstack part k (0-based) = 0.5 * the row of token (token + 17*(k+1)) %
+    // n_vocab. Deterministic, so reference_forward uses the same parts.
+    std::vector<float> input_embedding(int32_t token) const;
 
   private:
     friend tiny_model make_tiny_model(const tiny_config & cfg);
@@ -107,8 +136,11 @@ class tiny_model {
 // Builds the model (model params are llama_model_default_params() with cfg.n_gpu_layers). Weights are
 // deterministic in (cfg, name) and independent of the platform's <random>:
 //   token_embd N(0, 1); attn_q/attn_k N(0, 1.3/sqrt(n_embd)) so attention is peaked (score std ~1.7) and RoPE or
-//   masking errors show in the logits; other matrices N(0, 1/sqrt(fan_in)); norms 1 + N(0, 0.1);
-//   qwen2 / qwen2vl Q/K/V biases N(0, 0.2); every other bias 0; every *.scale / *.input_scale / rope_freqs 1.
+//   masking errors show in the logits; other matrices N(0, 1/sqrt(fan_in)); norms 1 + N(0, 0.1) (also
+//   attn_q_norm / attn_k_norm, gemma3's post_attention_norm / post_ffw_norm, used as stored: Gemma's "1 + w" is the
+//   converter's job); qwen2 / qwen2vl Q/K/V biases N(0, 0.2); every other bias 0 (qwen3vl and gemma3 have none in
+//   the real models, but llama.cpp creates and adds them); every *.scale / *.input_scale / rope_freqs 1;
+//   qwen3vl's unused rerank head cls.output.weight 0.
 // Element i of a tensor is the (i+1)-th splitmix64::normal() of the stream seeded seed ^ fnv1a(name), rounded to the
 // tensor's type; weight_type, keep_reference_weights and n_threads change how it is stored, never the value drawn.
 // Throws std::invalid_argument on a bad config and std::runtime_error when llama.cpp fails or creates a tensor this
@@ -118,7 +150,9 @@ tiny_model make_tiny_model(const tiny_config & cfg);
 // Recommended bound for max |llama.cpp logit - reference logit| / max |reference logit| with the default F16 K/V
 // cache. llama.cpp rounds K and V to F16 (and CPU flash attention rounds Q to F16 too): <= 2^-11 = 4.9e-4 relative
 // per element, the rest is F32 against our double. Measured on 2-3 layer models: 4e-4 .. 8e-4 typical, 1.0e-3 worst
-// over 40 seeds x {llama, qwen2vl} x {FA auto, FA off}; wrong positions or one hidden key move logits by >= 2e-2.
+// over 40 seeds x {llama, qwen2vl} x {FA auto, FA off}; 8.1e-4 worst over 40 seeds x {qwen3vl with an image block and
+// deepstack, gemma3 past its window} x {FA auto, FA off} (2-4 layers; gemma3 1e-4 .. 3e-4: its large scaled
+// embeddings dominate the residual stream). Wrong positions or one hidden key move logits by >= 2e-2.
 inline constexpr double logit_rel_tolerance = 3e-3;
 
 // n token ids below n_vocab from a fixed LCG (the tests' prompts; no <random>).
@@ -175,31 +209,50 @@ struct reference_output {
     std::vector<reference_layer_kv> kv;      // [n_layer]
 };
 
+// Explicit input embeddings, one entry per token of a prompt: n_embd_inp() floats (for qwen3vl the layer input, then
+// the deepstack parts), or empty for the default. A token with an entry goes to llama.cpp as an embedding row (as mtmd
+// sends image embeddings); the default for an image-like M-RoPE token is tiny_model::input_embedding(token), and for
+// any other token its token id. An empty vector means every entry empty.
+using input_embeddings = std::vector<std::vector<float>>;
+
+// Which tokens decode_prompt feeds as embedding rows (ext.tok = -1 in an M-RoPE cache): those with an explicit input,
+// and for M-RoPE the image-like ones (y or x differs from t, or a neighbour shares its t; a 1x1 block counts as text).
+std::vector<bool> embedding_tokens(const tiny_model & m, const std::vector<position> & positions,
+                                   const input_embeddings & inputs = {});
+
 // The reference: causal attention in token-index order (key j visible to query i iff j <= i and keep(...)), which is
-// llama.cpp's position mask for prompts with non-decreasing t whose image blocks are in raster order. A query row with
-// every key hidden outputs 0 for that head. RoPE as llama.cpp: llama = LLAMA_ROPE_TYPE_NORM (pairs (2i, 2i+1)),
-// qwen2vl = M-RoPE (NEOX pairs (i, i + d/2); pair i takes plane t, y or x by (i mod sum(sections)) against the
-// sections), qwen2 = NEOX pairs with 1-D positions. Attention scale 1/sqrt(head_dim). Double precision throughout; weights are the F32 values in the model
-// (keep_reference_weights; std::out_of_range without them).
-// `rounding` (cache_rounding) makes the reference read what a quantized cache holds; K and V in `kv` are rounded too.
+// llama.cpp's position mask for prompts with non-decreasing t whose image blocks are in raster order; gemma3's SWA
+// layers also hide keys with t_i - t_j >= sliding_window (llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD). A
+// query row with every key hidden outputs 0 for that head. RoPE as llama.cpp: llama = LLAMA_ROPE_TYPE_NORM (pairs
+// (2i, 2i+1)); the others NEOX pairs (i, i + d/2): qwen2 and gemma3 with 1-D positions (gemma3: base per layer),
+// qwen2vl = M-RoPE (pair i takes plane t, y or x by (i mod sum(sections)) against contiguous sections), qwen3vl =
+// IMROPE (interleaved, see tiny_config::rope_sections). qwen3vl and gemma3 RMS-normalise each Q and K head (weights
+// attn_q_norm / attn_k_norm) before RoPE. Attention scale 1/sqrt(head_dim) (gemma3 multiplies Q by it, the same).
+// Inputs: a token's embedding row (gemma3: times sqrt(n_embd)), or for embedding_tokens() the explicit `inputs`
+// entry or input_embedding(token), unscaled (llama.cpp scales gemma3's token inputs only). gemma3's FFN is
+// GELU(tanh)-gated in double, where ggml's CPU op goes through an F16 table (about 1e-4 of the logits).
+// Double precision throughout; weights are the F32 values in the model (keep_reference_weights; std::out_of_range
+// without them). `rounding` (cache_rounding) makes the reference read what a quantized cache holds; K and V in `kv`
+// are rounded too.
 reference_output reference_forward(const tiny_model & m, const std::vector<int32_t> & tokens,
                                    const std::vector<position> & positions, const keep_fn & keep = {},
-                                   const kv_rounding & rounding = {});
+                                   const kv_rounding & rounding = {}, const input_embeddings & inputs = {});
 
 std::vector<float> reference_logits(const tiny_model & m, const std::vector<int32_t> & tokens,
                                     const std::vector<position> & positions, const keep_fn & keep = {},
-                                    const kv_rounding & rounding = {});
+                                    const kv_rounding & rounding = {}, const input_embeddings & inputs = {});
 
 std::vector<reference_layer_kv> reference_kv(const tiny_model & m, const std::vector<int32_t> & tokens,
                                              const std::vector<position> & positions, const keep_fn & keep = {});
 
 // Decodes a prompt into seq_id of ctx the way mtmd does: text runs go as token batches (llama.cpp broadcasts t to
-// every position plane); for M-RoPE, image-like runs go as embedding batches (rows of token_embd, so ext.tok = -1 in
-// the cache) with 4 position planes [t | y | x | 0]. A token is image-like when its y or x differs from t or a
-// neighbour shares its t (so a 1x1 image block counts as text). Can be called again to append. Every run must fit
-// in the context's n_batch/n_ubatch as llama_decode allows. Only the last token's logits are requested: read them
-// with llama_get_logits_ith(ctx, -1). Returns the first non-zero llama_decode result, or 0.
+// every position plane; plane 3 gets 0); embedding_tokens() runs go as embedding batches of n_embd_inp() floats per
+// token (the `inputs` entry, else input_embedding(token); ext.tok = -1 in the cache), with 4 position planes
+// [t | y | x | 0] for M-RoPE and 1 otherwise. Can be called again to append. Every run must fit in the context's
+// n_batch/n_ubatch as llama_decode allows. Only the last token's logits are requested: read them with
+// llama_get_logits_ith(ctx, -1). Returns the first non-zero llama_decode result, or 0.
 int32_t decode_prompt(llama_context * ctx, const tiny_model & m, const std::vector<int32_t> & tokens,
-                      const std::vector<position> & positions, int32_t seq_id = 0);
+                      const std::vector<position> & positions, int32_t seq_id = 0,
+                      const input_embeddings & inputs = {});
 
 }  // namespace ecokv::test
