@@ -1,5 +1,5 @@
 // Every VLM family ecokv runs (tiny-mmproj.h vlm_families(): LLaVA-1.5, Qwen2-VL, LLaVA-NeXT, Qwen2.5-VL, InternVL3,
-// SmolVLM), loaded from GGUF files through libmtmd as ecokv run loads them, with one image prompt:
+// SmolVLM, Gemma 3, Qwen3-VL), loaded from GGUF files through libmtmd as ecokv run loads them, with one image prompt:
 //   - the modality map the methods see is the family's layout, counted by hand (text markers, tiles, overview);
 //   - a covering budget answers exactly as the uncompressed cache;
 //   - a selection that keeps the same cells in every head (StreamingLLM) gives the logits of llama.cpp's own cache
@@ -43,8 +43,11 @@ std::vector<span> hand_counted(const std::string & family) {
     if (family == "llava-1.5") {  // no markers; 56 x 56, 4 x 4 patches
         return { { false, describe }, { true, 16 }, { false, please } };
     }
-    if (family == "qwen2-vl" || family == "qwen2.5-vl") {  // 112 x 84 in 28-pixel merged patches: 4 x 3
+    if (family == "qwen2-vl" || family == "qwen2.5-vl" || family == "qwen3-vl") {  // 112 x 84 in 28-pixel merges: 4 x 3
         return { { false, describe + 16 }, { true, 12 }, { false, 14 + please } };
+    }
+    if (family == "gemma-3") {  // "<start_of_image>" 16 bytes, 4 x 4 patches pooled 2 x 2, "<end_of_image>" 14
+        return { { false, describe + 16 }, { true, 4 }, { false, 14 + please } };
     }
     if (family == "llava-next") {  // 4 tiles and the overview, 16 tokens each, nothing between them
         return { { false, describe }, { true, 16 }, { true, 16 }, { true, 16 }, { true, 16 }, { true, 16 },

@@ -484,6 +484,9 @@ t::tiny_config bpe_config(const std::string & arch) {
     t::tiny_config c = text_config(arch);
     c.tokenizer      = "bpe";
     c.n_vocab        = 300;
+    if (arch == "qwen3vl") {
+        c.n_deepstack_layers = 1;  // the projector's one deepstack block (tiny_mmproj_config::deepstack_blocks)
+    }
     return c;
 }
 
@@ -564,7 +567,9 @@ INSTANTIATE_TEST_SUITE_P(Families, TinyMmprojFamily,
                          ::testing::Values(family_case{ "llava_next", t::mmproj_type::llava_next, "llama", false },
                                            family_case{ "qwen25vl", t::mmproj_type::qwen25vl_merger, "qwen2vl", true },
                                            family_case{ "internvl", t::mmproj_type::internvl, "qwen2", false },
-                                           family_case{ "idefics3", t::mmproj_type::idefics3, "llama", false }),
+                                           family_case{ "idefics3", t::mmproj_type::idefics3, "llama", false },
+                                           family_case{ "gemma3", t::mmproj_type::gemma3, "gemma3", false },
+                                           family_case{ "qwen3vl", t::mmproj_type::qwen3vl_merger, "qwen3vl", true }),
                          [](const auto & info) { return std::string(info.param.name); });
 
 // ---- LLaVA-1.5 mlp + llama text model ----------------------------------------------------------------------------

@@ -85,8 +85,8 @@ int32_t vit_grid(const tiny_mmproj_config & c) {
     return c.image_size / c.patch_size;
 }
 
-bool dynamic_size(mmproj_type t) {  // Qwen2-VL's family: images keep their aspect, no learned positions
-    return t == mmproj_type::qwen2vl_merger || t == mmproj_type::qwen25vl_merger;
+bool dynamic_size(mmproj_type t) {  // Qwen2-VL's family: images keep their aspect, 2x2 patches merged
+    return t == mmproj_type::qwen2vl_merger || t == mmproj_type::qwen25vl_merger || t == mmproj_type::qwen3vl_merger;
 }
 
 bool pixel_shuffle(mmproj_type t) {  // s x s neighbouring patches become one token of s^2 E values
@@ -114,8 +114,14 @@ void validate(const tiny_mmproj_config & c) {
     if (c.n_embd_text <= 0) {
         fail("n_embd_text must be > 0");
     }
-    if (pixel_shuffle(c.type) && (c.scale_factor < 2 || vit_grid(c) % c.scale_factor != 0)) {
-        fail("internvl / idefics3: scale_factor must be >= 2 and divide image_size / patch_size");
+    if ((pixel_shuffle(c.type) || c.type == mmproj_type::gemma3) &&
+        (c.scale_factor < 2 || vit_grid(c) % c.scale_factor != 0)) {
+        fail("internvl / idefics3 / gemma3: scale_factor must be >= 2 and divide image_size / patch_size");
+    }
+    for (int32_t b : c.type == mmproj_type::qwen3vl_merger ? c.deepstack_blocks : std::vector<int32_t>{}) {
+        if (b < 0 || b >= c.n_block) {
+            fail("qwen3vl_merger: deepstack blocks must be ViT blocks");
+        }
     }
     if (c.type == mmproj_type::llava_next) {
         if (c.grid_pinpoints.empty() || c.grid_pinpoints.size() % 2 != 0) {
@@ -160,9 +166,17 @@ void add_embeddings(std::vector<tensor_spec> & v, const tiny_mmproj_config & c) 
             v.push_back(pos);
             return;
         case mmproj_type::idefics3:
-            // SigLIP: patch bias, positions, no class token (the converter stores the embeddings in F32).
+        case mmproj_type::gemma3:
+            // SigLIP: patch bias, positions, no class token (the converters store the embeddings in F32).
             v.push_back(patch_embd("v.patch_embd.weight", p, E));
             v.back().type = GGML_TYPE_F32;
+            v.push_back(vec("v.patch_embd.bias", E, k_bias_std));
+            v.push_back(pos);
+            return;
+        case mmproj_type::qwen3vl_merger:
+            // Qwen2-VL's two patch kernels, with a bias, plus learned positions (interpolated to the image's grid)
+            v.push_back(patch_embd("v.patch_embd.weight", p, E));
+            v.push_back(patch_embd("v.patch_embd.weight.1", p, E));
             v.push_back(vec("v.patch_embd.bias", E, k_bias_std));
             v.push_back(pos);
             return;
@@ -177,8 +191,13 @@ void add_block(std::vector<tensor_spec> & v, const tiny_mmproj_config & c, int32
         rms ? v.push_back(vec(name + ".weight", E, k_norm_std, fill::norm_weight)) : add_norm(v, name, E);
     };
     norm(b + "ln1");
-    for (const char * w : { "attn_q", "attn_k", "attn_v", "attn_out" }) {
-        add_linear(v, b + w, E, E);
+    if (c.type == mmproj_type::qwen3vl_merger) {  // fused Q/K/V
+        add_linear(v, b + "attn_qkv", E, 3 * E);
+        add_linear(v, b + "attn_out", E, E);
+    } else {
+        for (const char * w : { "attn_q", "attn_k", "attn_v", "attn_out" }) {
+            add_linear(v, b + w, E, E);
+        }
     }
     norm(b + "ln2");
     if (rms) {
@@ -223,6 +242,25 @@ void add_projector(std::vector<tensor_spec> & v, const tiny_mmproj_config & c) {
         case mmproj_type::idefics3:  // post-norm, pixel shuffle, one linear map without bias
             add_norm(v, "v.post_ln", E);
             v.push_back(linear_w("mm.model.fc.weight", S * E, T));
+            return;
+        case mmproj_type::gemma3: {  // post-norm, average pooling, RMSNorm, E -> T without bias, stored {T, E}
+            add_norm(v, "v.post_ln", E);
+            v.push_back(vec("mm.soft_emb_norm.weight", E, k_norm_std, fill::norm_weight));
+            tensor_spec w = linear_w("mm.input_projection.weight", T, E);
+            w.stdev       = 1.0 / std::sqrt(double(E));
+            v.push_back(w);
+            return;
+        }
+        case mmproj_type::qwen3vl_merger:  // the merger, then one per deepstack block (its features after it)
+            add_norm(v, "v.post_ln", E);
+            add_linear(v, "mm.0", 4 * E, 4 * E);
+            add_linear(v, "mm.2", 4 * E, T);
+            for (int32_t b : c.deepstack_blocks) {
+                const std::string d = "v.deepstack." + std::to_string(b) + ".";
+                add_norm(v, d + "norm", 4 * E);
+                add_linear(v, d + "fc1", 4 * E, 4 * E);
+                add_linear(v, d + "fc2", 4 * E, T);
+            }
             return;
     }
 }
@@ -275,6 +313,10 @@ const char * mmproj_type_name(mmproj_type t) {
             return "mlp";
         case mmproj_type::qwen25vl_merger:
             return "qwen2.5vl_merger";
+        case mmproj_type::qwen3vl_merger:
+            return "qwen3vl_merger";
+        case mmproj_type::gemma3:
+            return "gemma3";
         case mmproj_type::internvl:
             return "internvl";
         case mmproj_type::idefics3:
@@ -338,7 +380,8 @@ void write_tiny_mmproj(const std::string & path, const tiny_mmproj_config & c) {
     if (c.type == mmproj_type::qwen25vl_merger) {
         set_bool("clip.use_silu", true);
     } else {
-        set_bool("clip.use_gelu", pixel_shuffle(c.type));
+        set_bool("clip.use_gelu", pixel_shuffle(c.type) || c.type == mmproj_type::gemma3 ||
+                                      c.type == mmproj_type::qwen3vl_merger);
     }
     set_u32("clip.vision.image_size", c.image_size);
     set_u32("clip.vision.patch_size", c.patch_size);
@@ -363,8 +406,20 @@ void write_tiny_mmproj(const std::string & path, const tiny_mmproj_config & c) {
             set_u32("clip.vision.preproc_image_size", c.preproc_image_size);
             [[fallthrough]];
         case mmproj_type::internvl:
+        case mmproj_type::gemma3:
             set_u32("clip.vision.projector.scale_factor", c.scale_factor);
             break;
+        case mmproj_type::qwen3vl_merger: {
+            set_u32("clip.vision.spatial_merge_size", 2);
+            std::vector<int8_t> deepstack(size_t(c.n_block), 0);  // as published; mtmd counts the tensors instead
+            for (int32_t b : c.deepstack_blocks) {
+                deepstack[size_t(b)] = 1;
+            }
+            if (!omitted(c, "clip.vision.is_deepstack_layers")) {
+                gguf_set_arr_data(gc, "clip.vision.is_deepstack_layers", GGUF_TYPE_BOOL, deepstack.data(), deepstack.size());
+            }
+            break;
+        }
         default:
             break;
     }
@@ -509,8 +564,14 @@ image_layout expected_image_layout(const tiny_mmproj_config & c, int32_t nx, int
     switch (c.type) {
         case mmproj_type::qwen2vl_merger:
         case mmproj_type::qwen25vl_merger:
+        case mmproj_type::qwen3vl_merger:
             l.chunks.push_back(dynamic_geometry(c, nx, ny, image_min_tokens, image_max_tokens));
             return l;
+        case mmproj_type::gemma3: {  // fixed size, then s x s average pooling
+            const int32_t side = g / c.scale_factor;
+            l.chunks.push_back(one_row(S, S, side * side));
+            return l;
+        }
         case mmproj_type::llava_mlp:
             // mtmd_image_preprocessor_fixed_size: resize to image_size^2; every patch is a token (the class token is
             // dropped by the "patches" get_rows); clip_n_output_tokens_x = n_tokens, _y = 1.
@@ -632,6 +693,7 @@ const std::vector<vlm_family> & vlm_families() {
         { "llava-1.5", "llama", mmproj_type::llava_mlp },        { "qwen2-vl", "qwen2vl", mmproj_type::qwen2vl_merger },
         { "llava-next", "llama", mmproj_type::llava_next },      { "qwen2.5-vl", "qwen2vl", mmproj_type::qwen25vl_merger },
         { "internvl3", "qwen2", mmproj_type::internvl },         { "smolvlm", "llama", mmproj_type::idefics3 },
+        { "gemma-3", "gemma3", mmproj_type::gemma3 },            { "qwen3-vl", "qwen3vl", mmproj_type::qwen3vl_merger },
     };
     return families;
 }
@@ -641,6 +703,9 @@ tiny_vlm_files write_tiny_vlm(const std::string & dir, const vlm_family & family
     c.arch      = family.arch;
     c.tokenizer = "bpe";
     c.n_vocab   = 300;
+    if (family.projector == mmproj_type::qwen3vl_merger) {
+        c.n_deepstack_layers = 1;  // tiny_mmproj_config's one deepstack block
+    }
     const tiny_model m = make_tiny_model(c);
     tiny_vlm_files   f{ dir + "/model.gguf", dir + "/mmproj.gguf" };
     llama_model_save_to_file(m.get(), f.model.c_str());

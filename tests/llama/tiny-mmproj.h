@@ -34,6 +34,8 @@ enum class mmproj_type {
     qwen25vl_merger,  // "qwen2.5vl_merger" (Qwen2.5-VL: RMSNorm, gated FFN, window attention)
     internvl,         // "internvl" (InternVL 2.5 / 3: InternViT, pixel shuffle, tiles)
     idefics3,         // "idefics3" (Idefics3 / SmolVLM: SigLIP, pixel shuffle, tiles with text between them)
+    gemma3,           // "gemma3" (Gemma 3: SigLIP, average pooling, soft-embedding norm; images attend non-causally)
+    qwen3vl_merger,   // "qwen3vl_merger" (Qwen3-VL: learned and M-RoPE positions, deepstack features)
 };
 
 const char * mmproj_type_name(mmproj_type t);  // the clip.projector_type string
@@ -53,7 +55,12 @@ struct tiny_mmproj_config {
     // llava_next: (width, height) pairs, multiples of image_size (a smaller edge tile aborts the llava graph)
     std::vector<int32_t> grid_pinpoints = { 56, 112, 112, 56, 112, 112 };
     int32_t n_wa_pattern       = 2;    // qwen25vl_merger: every n-th ViT block attends globally, the others by window
-    int32_t scale_factor       = 2;    // internvl / idefics3: pixel shuffle; must divide image_size / patch_size
+    // internvl / idefics3: pixel shuffle; gemma3: average pooling (mtmd's default 4 when not written); must divide
+    // image_size / patch_size
+    int32_t scale_factor       = 2;
+    // qwen3vl_merger: the ViT blocks after which a deepstack merger adds features (the text model's
+    // n_deepstack_layers must be their count: the output is n_embd_text * (1 + count) wide)
+    std::vector<int32_t> deepstack_blocks = { 0 };
     int32_t preproc_image_size = 128;  // idefics3: the longest side images are resized to before tiling
     // Negative tests: metadata keys (e.g. "clip.vision.patch_size") or tensor names (e.g. "mm.2.bias") to leave
     // out of the file. Unknown names are ignored.
@@ -105,7 +112,8 @@ struct image_geometry {
     int32_t n_pos    = 0;               // positions it advances n_past by
 };
 
-//   qwen25vl_merger: as qwen2vl_merger.
+//   qwen25vl_merger, qwen3vl_merger: as qwen2vl_merger;
+//   gemma3: resized to image_size^2 (aspect kept, padded), (image_size / patch_size / scale_factor)^2 tokens.
 // Tiled projectors make several chunks of one image, each a row of tokens with 1-D positions (expected_image_layout).
 struct image_layout {
     // In prompt order: the tiles row-major, then the overview (last in mtmd 0.5.0 for all three tiled projectors).
