@@ -201,6 +201,58 @@ TEST(session, chunked_prefill_attends_to_what_each_chunk_kept) {
     }
 }
 
+// Gemma 3's interleaved sliding-window attention: the global layers are compressed, the sliding-window ones keep
+// llama.cpp's cache of their window (256 cells: a window of 8 and a ubatch, padded). Chunk by chunk, the logits are the
+// reference's where the global layers' queries see what their heads kept and the others see their window; a long
+// answer wraps around the window's cache, and rewind() still comes back to the compression (its window put back);
+// a snapshot resumes elsewhere with its window.
+TEST(session, an_iswa_model_keeps_its_window_through_chunks_rewind_and_snapshots) {
+    tiny_config c;
+    c.arch    = "gemma3";
+    c.n_layer = 4;  // layers 1 and 3 global, 0 and 2 sliding (window 8)
+    const tiny_model  m = make_tiny_model(c);
+    el::session_options o = two_threads();
+    o.n_ctx               = 512;
+    o.n_ubatch            = 16;  // the window's cache: 8 + 16 cells, padded to 256
+    const el::session s{ *m.get(), o };
+    const auto        tokens = prompt_tokens(60, c.n_vocab, 31);
+    const auto        p      = s.make_prompt(tokens);
+    const auto        spec   = ecokv::parse_method("adakv+ecokv");
+    const auto        par    = budget(12, 4);
+    el::sequence      seq    = s.prefill(p, 300, ecokv::requirements(spec, par), 30);
+    seq.compress_in_place(spec, par);
+    std::vector<std::vector<std::vector<int32_t>>> kept = { seq.kept_cells() };
+    ASSERT_EQ(kept[0].size(), 2u * 2);  // 2 global layers x 2 KV heads
+    const std::vector<int32_t> ends = { 30, 60 };
+    const keep_fn              global_see = chunked_visibility(ends, kept, 2);
+    const keep_fn              see = [&](int32_t il, int32_t g, int32_t qi, int32_t kj) {
+        return m.is_swa(il) || global_see(il / 2, g, qi, kj);  // model layers 1, 3 are selection layers 0, 1
+    };
+    seq.extend(p, 30, 60, spec, par, 300);
+    kept.push_back(seq.kept_cells());
+    EXPECT_LT(rel_diff(seq.logits(), reference_logits(m, tokens, text_positions(60), see)), logit_rel_tolerance);
+    EXPECT_GT(rel_diff(seq.logits(), reference_logits(m, tokens, text_positions(60))), 3 * logit_rel_tolerance);
+
+    const el::snapshot origin = seq.save();
+    const auto         first  = seq.answer({ 3, 4 }, 280, true);  // past the 256 cells of the window's cache
+    ASSERT_GT(first.tokens.size(), 250u) << "the answer stopped early: it should wrap the window's cache";
+    auto next = tokens;
+    next.insert(next.end(), { 3, 4 });
+    next.insert(next.end(), first.tokens.begin(), first.tokens.end() - 1);
+    EXPECT_LT(rel_diff(first.logits.back(), reference_logits(m, next, text_positions(int32_t(next.size())), see)),
+              logit_rel_tolerance);
+    seq.rewind();
+    const auto again = seq.answer({ 3, 4 }, 6, true);
+    for (size_t i = 0; i < again.logits.size(); ++i) {
+        EXPECT_EQ(again.logits[i], first.logits[i]) << "step " << i;
+    }
+    el::sequence moved = s.resume(origin, 16);
+    const auto   there = moved.answer({ 3, 4 }, 6, true);
+    for (size_t i = 0; i < there.logits.size(); ++i) {
+        EXPECT_LT(rel_diff(there.logits[i], first.logits[i]), 1e-6) << "step " << i;
+    }
+}
+
 // An answer that re-compresses every 12 decoded cells (answer_compressing) is a chunked prefill of what it decodes:
 // after 20 greedy tokens (19 decoded: cells 40..58) the cache was compressed after the prompt and once more after
 // cells 40..51, and the last logits are the reference's where the cells 52..58 see what that compression kept plus
