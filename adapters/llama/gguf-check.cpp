@@ -196,7 +196,8 @@ void check_decoder(const gguf_file & f, const std::string & arch, int64_t n_voca
     f.u32(a + "attention.value_length", head_dim, head_dim, head_dim);
     f.u32(a + "rope.dimension_count", 0, head_dim, head_dim);
     const int64_t q = n_head * head_dim, kv = n_kv * head_dim;
-    const bool    qkv_bias = arch != "llama";
+    const bool    qkv_bias = arch == "qwen2" || arch == "qwen2vl";
+    const bool    qk_norm  = arch == "qwen3vl" || arch == "gemma3";  // RMSNorm of each head's Q and K
     f.expect("token_embd.weight", { n_embd, n_vocab });
     f.expect("output_norm.weight", { n_embd });
     f.expect("output.weight", { n_embd, n_vocab }, false);
@@ -210,6 +211,10 @@ void check_decoder(const gguf_file & f, const std::string & arch, int64_t n_voca
         f.expect(b + "attn_q.bias", { q }, qkv_bias);
         f.expect(b + "attn_k.bias", { kv }, qkv_bias);
         f.expect(b + "attn_v.bias", { kv }, qkv_bias);
+        f.expect(b + "attn_q_norm.weight", { head_dim }, qk_norm);
+        f.expect(b + "attn_k_norm.weight", { head_dim }, qk_norm);
+        f.expect(b + "post_attention_norm.weight", { n_embd }, arch == "gemma3");
+        f.expect(b + "post_ffw_norm.weight", { n_embd }, arch == "gemma3");
         f.expect(b + "ffn_norm.weight", { n_embd });
         if (f.tensor(b + "ffn_gate_inp.weight")) {
             continue;  // a mixture of experts: its expert tensors are llama.cpp's to check
@@ -277,6 +282,8 @@ struct projector_traits {
     bool class_token = false;  // a class embedding (and a position for it)
     bool positions   = false;  // learned positions, required
     bool shuffle     = false;  // pixel shuffle by clip.vision.projector.scale_factor (InternVL, Idefics3)
+    bool pooled      = false;  // Gemma 3: average pooling, soft-embedding norm, a projection stored [n_out, n_embd]
+    bool fused_qkv   = false;  // Qwen3-VL: one Q/K/V matrix, deepstack mergers
 };
 
 std::optional<projector_traits> traits_of(const std::string & type) {
@@ -292,6 +299,12 @@ std::optional<projector_traits> traits_of(const std::string & type) {
     if (type == "idefics3") {
         return projector_traits{ false, false, false, false, true };
     }
+    if (type == "gemma3") {
+        return projector_traits{ false, false, false, false, false, true };
+    }
+    if (type == "qwen3vl_merger") {
+        return projector_traits{ true, false, false, true, false, false, true };
+    }
     return std::nullopt;
 }
 
@@ -304,6 +317,14 @@ void check_projector(const gguf_file & f, const std::string & type, const projec
         f.expect("mm.0.bias", { m });
         f.expect("mm.2.weight", { m, n_out });
         f.expect("mm.2.bias", { n_out });
+    } else if (t.pooled) {
+        const int64_t k = f.u32("clip.vision.projector.scale_factor", 1, 64, 4);  // mtmd's default pooling
+        if (grid % k != 0) {
+            f.fail("the pooling's kernel " + std::to_string(k) + " must divide the " + std::to_string(grid) +
+                   " patches of a side");
+        }
+        f.expect("mm.soft_emb_norm.weight", { n_embd });
+        f.expect("mm.input_projection.weight", { n_out, n_embd });
     } else if (t.shuffle) {  // s x s patches stacked into one token of s^2 n_embd values
         const int64_t sf = f.u32("clip.vision.projector.scale_factor", 1, 64, 1);
         if (sf < (type == "idefics3" ? 2 : 1) || grid % sf != 0) {
@@ -376,9 +397,9 @@ void check_vision(const gguf_file & f, const std::string & type, const projector
     const int64_t grid = image / patch;
     f.expect("v.patch_embd.weight", { patch, patch, 3, n_embd });
     f.expect("v.patch_embd.weight.1", { patch, patch, 3, n_embd }, t.merger);
-    f.expect("v.patch_embd.bias", { n_embd }, false);
+    f.expect("v.patch_embd.bias", { n_embd }, t.fused_qkv);  // Qwen3-VL's graph asserts it
     f.expect("v.class_embd", { n_embd }, t.class_token && type == "internvl");
-    if (!t.merger) {
+    if (!t.merger || t.fused_qkv) {  // Qwen3-VL: learned positions too, interpolated to the image
         const int64_t cls = f.tensor("v.class_embd") ? 1 : 0;
         f.expect("v.position_embd.weight", { n_embd, grid * grid + cls }, t.positions);
     }
@@ -388,9 +409,14 @@ void check_vision(const gguf_file & f, const std::string & type, const projector
     }
     for (int64_t il = 0; il < n_layer; ++il) {
         const std::string b = "v.blk." + std::to_string(il) + ".";
+        if (t.fused_qkv) {  // the graph adds the bias unconditionally
+            f.expect(b + "attn_qkv.weight", { n_embd, 3 * n_embd });
+            f.expect(b + "attn_qkv.bias", { 3 * n_embd });
+        }
         for (const char * w : { "attn_q", "attn_k", "attn_v", "attn_out" }) {
-            f.expect(b + w + ".weight", { n_embd, n_embd });
-            f.expect(b + w + ".bias", { n_embd }, t.rms_blocks && std::string(w) != "attn_out");
+            const bool out = std::string(w) == "attn_out";
+            f.expect(b + w + ".weight", { n_embd, n_embd }, out || !t.fused_qkv);
+            f.expect(b + w + ".bias", { n_embd }, t.rms_blocks && !out);
         }
         for (const char * norm : { "ln1", "ln2" }) {
             f.expect(b + norm + ".weight", { n_embd });
@@ -404,6 +430,15 @@ void check_vision(const gguf_file & f, const std::string & type, const projector
         f.expect(b + "ffn_up.bias", { n_ff }, false);
         f.expect(b + "ffn_down.weight", { n_ff, n_embd });
         f.expect(b + "ffn_down.bias", { n_embd }, false);
+    }
+    if (t.fused_qkv) {  // deepstack mergers after some blocks: [4 n_embd] -> [4 n_embd] -> [n_out] each
+        for (int64_t il = 0; il < n_layer; ++il) {
+            const std::string d = "v.deepstack." + std::to_string(il) + ".";
+            const bool        present = f.tensor(d + "fc1.weight") != nullptr;
+            f.expect(d + "norm.weight", { 4 * n_embd }, present);
+            f.expect(d + "fc1.weight", { 4 * n_embd, 4 * n_embd }, present);
+            f.expect(d + "fc2.weight", { 4 * n_embd, n_out }, present);
+        }
     }
     check_projector(f, type, t, n_embd, grid, n_out);
 }
@@ -420,7 +455,7 @@ void check_model_gguf(const std::string & path) {
     }
     check_vocab(f);
     const int64_t tokens = f.key("tokenizer.ggml.tokens");
-    if ((arch == "llama" || arch == "qwen2" || arch == "qwen2vl") && tokens >= 0) {
+    if ((arch == "llama" || arch == "qwen2" || arch == "qwen2vl" || arch == "qwen3vl" || arch == "gemma3") && tokens >= 0) {
         check_decoder(f, arch, int64_t(gguf_get_arr_n(f.ctx(), tokens)));
     }
 }

@@ -188,7 +188,21 @@ TEST(gguf_check, the_families_pass_and_their_defects_are_refused) {
     const std::string e = temp_path("class.gguf");
     ecokv::test::write_tiny_mmproj(e, no_class);
     EXPECT_EQ(problem([&] { ecokv::llama::check_projector_gguf(e, 64); }), e + ": tensor 'v.class_embd' is missing");
-    for (const auto & p : { a, b, c, d, e }) {
+    const std::string g = rewrite(files["gemma-3"].mmproj, "pool.gguf",
+                                  [](gguf_context * x) { gguf_set_val_u32(x, "clip.vision.projector.scale_factor", 3); });
+    EXPECT_EQ(problem([&] { ecokv::llama::check_projector_gguf(g, 64); }),
+              g + ": the pooling's kernel 3 must divide the 4 patches of a side");
+    ecokv::test::tiny_mmproj_config no_qkv_bias;
+    no_qkv_bias.type = ecokv::test::mmproj_type::qwen3vl_merger;
+    no_qkv_bias.omit = { "v.blk.0.attn_qkv.bias" };
+    const std::string q = temp_path("qkv.gguf");
+    ecokv::test::write_tiny_mmproj(q, no_qkv_bias);
+    EXPECT_EQ(problem([&] { ecokv::llama::check_projector_gguf(q, 64); }), q + ": tensor 'v.blk.0.attn_qkv.bias' is missing");
+    const std::string n = rewrite(files["gemma-3"].model, "norm.gguf", [](gguf_context *) {},
+                                  { { "blk.1.post_ffw_norm.weight", { 32 } } });
+    EXPECT_EQ(problem([&] { ecokv::llama::check_model_gguf(n); }),
+              n + ": tensor 'blk.1.post_ffw_norm.weight' has shape [32, 1, 1, 1], expected [64] from the hyperparameters");
+    for (const auto & p : { a, b, c, d, e, g, q, n }) {
         std::remove(p.c_str());
     }
     std::filesystem::remove_all(dir);
