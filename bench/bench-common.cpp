@@ -58,7 +58,7 @@ void add_model_options(cxxopts::Options & spec) {
     // clang-format off
     spec.add_options()
         ("wtype", "weight type of the matrices: q8_0, q4_0, f16, f32", str("q8_0"), "T")
-        ("arch", "qwen2vl or llama", str("qwen2vl"), "A")
+        ("arch", "qwen2vl, llama or gemma3 (sliding-window layers beside global ones)", str("qwen2vl"), "A")
         ("seed", "weights and prompt", cxxopts::value<uint64_t>()->default_value("1"), "S");
     spec.add_options("model shape (Qwen2-VL-2B, vocabulary reduced)")
         ("layers", "layers", i32("28"), "N")
@@ -66,7 +66,9 @@ void add_model_options(cxxopts::Options & spec) {
         ("heads", "query heads", i32("12"), "N")
         ("kv-heads", "KV heads", i32("2"), "N")
         ("ff", "feed-forward width", i32("8960"), "N")
-        ("vocab", "vocabulary", i32("32768"), "N");
+        ("vocab", "vocabulary", i32("32768"), "N")
+        ("swa", "gemma3: sliding window (positions)", i32("512"), "N")
+        ("swa-pattern", "gemma3: every N-th layer global, the others sliding-window", i32("6"), "N");
     // clang-format on
     tools::add_engine_options(spec, bench_engine_defaults());
 }
@@ -126,7 +128,9 @@ model_shape read_model_options(const cxxopts::ParseResult & args) {
     m.n_ff       = bounded(args, "ff", 1);
     m.n_vocab    = bounded(args, "vocab", 2);
     m.wtype      = one_of(args, "wtype", { "q8_0", "q4_0", "f16", "f32" });
-    m.arch       = one_of(args, "arch", { "qwen2vl", "llama" });
+    m.arch       = one_of(args, "arch", { "qwen2vl", "llama", "gemma3" });
+    m.sliding_window = bounded(args, "swa", 1);
+    m.swa_pattern    = bounded(args, "swa-pattern", 2);
     m.seed       = args["seed"].as<uint64_t>();
     if (m.n_embd % m.n_head != 0 || m.n_head % m.n_head_kv != 0 || m.head_dim() % 2 != 0) {
         throw error("model shape: need n_embd % n_head == 0, n_head % n_kv_heads == 0 and an even head_dim");
@@ -157,6 +161,8 @@ llama::model_ptr build_model(const model_shape & m, model_info & info) {
     // Qwen2-VL's mrope_section [16, 24, 24] (rotation pairs; head_dim/2 = 64 at head_dim 128), scaled otherwise
     const int32_t half = c.head_dim() / 2, t = half / 4, y = (half - t) / 2;
     c.rope_sections          = { t, y, half - t - y, 0 };
+    c.sliding_window         = m.sliding_window;
+    c.swa_pattern            = m.swa_pattern;
     c.seed                   = m.seed;
     c.weight_type            = m.wtype;
     c.keep_reference_weights = false;
@@ -178,6 +184,8 @@ nlohmann::json model_json(const model_shape & m, const model_info & info) {
     return { { "arch", m.arch },       { "n_layer", m.n_layer },   { "n_embd", m.n_embd },
              { "n_head", m.n_head },   { "n_head_kv", m.n_head_kv }, { "head_dim", m.head_dim() },
              { "n_ff", m.n_ff },       { "n_vocab", m.n_vocab },   { "weights", m.wtype },
+             { "sliding_window", m.arch == "gemma3" ? m.sliding_window : 0 },
+             { "swa_pattern", m.arch == "gemma3" ? m.swa_pattern : 0 },
              { "n_params", info.n_params }, { "weight_bytes", info.weight_bytes } };
 }
 

@@ -37,6 +37,7 @@ llama::session_options bench_engine_defaults();
 struct model_shape {
     std::string arch = "qwen2vl", wtype = "q8_0";
     int32_t     n_layer = 28, n_embd = 1536, n_head = 12, n_head_kv = 2, n_ff = 8960, n_vocab = 32768;
+    int32_t     sliding_window = 512, swa_pattern = 6;  // gemma3: interleaved sliding-window attention (Gemma 3's 5:1)
     uint64_t    seed    = 1;
     llama::session_options engine = bench_engine_defaults();
     int32_t     threads = 2, n_ubatch = 512;  // engine's, for the reports

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -281,14 +282,16 @@ config_result compress_one(const el::sequence & seq, const ecokv::method_spec & 
     c.n_cells           = cs.n_cells();
     c.kv_alloc          = cs.kv_bytes_allocated();
     c.kv_kept           = cs.kv_bytes_kept();
-    c.kept_cells        = int32_t((c.kv_kept + cs.kv_bytes_per_cell() - 1) / cs.kv_bytes_per_cell());
+    c.snap              = cs.save();
+    // mean kept entries per head of the compressed layers (an iSWA model's global ones), rounded up
+    const uint64_t kept_rows = std::accumulate(c.snap.layout.begin(), c.snap.layout.end(), uint64_t(0));
+    c.kept_cells        = int32_t((kept_rows + c.snap.layout.size() - 1) / c.snap.layout.size());
     c.select_s          = ci.select_seconds;
     c.rebuild_s         = ci.rebuild_seconds;
     c.capture_s         = ci.capture_seconds;
     c.bytes_to_host     = ci.bytes_to_host;
     c.device_context_bytes = device_before < 0 ? -1 : device_used_bytes() - device_before;
     c.compress_peak_kib = ph.peak_kib;
-    c.snap              = cs.save();
     c.uniform = std::all_of(c.snap.layout.begin(), c.snap.layout.end(), [&](uint32_t n) { return n == c.snap.layout[0]; });
     progress("  %-18s B=%-4d select %.3f s, rebuild %.3f s, longest head %d, KV %.2f MiB allocated, %.2f MiB kept\n",
              c.method.c_str(), budget, c.select_s, c.rebuild_s, c.n_cells, mib(c.kv_alloc), mib(c.kv_kept));
@@ -405,18 +408,26 @@ json config_row(const config_result & c, const full_result & f, const options & 
     const double   dec = min_of(c.decode_s), base = min_of(c.base_decode_s);
     const double   tps = o.n_decode / dec, base_tps = o.n_decode / base;
     const double   comp       = c.capture_s + c.select_s + c.rebuild_s;  // capture: copies from a device
-    // kept entries + room for the decoded tokens in every head, 5% over, + 32 cells of padding per layer
-    const uint64_t room  = uint64_t(o.n_decode) * f.bytes_per_cell;
-    const uint64_t bound = uint64_t(1.05 * double(c.kv_kept + room)) + 32 * f.bytes_per_cell;
+    // kept entries + room for the decoded tokens in every compressed head, + an iSWA model's sliding-window stores
+    // (llama.cpp's own: the window and a ubatch, padded to 256 cells, llama-kv-cache-iswa.cpp), 5% over, + 32 cells of
+    // padding per compressed layer
+    const uint64_t layer_cell = f.bytes_per_cell / uint64_t(o.n_layer);  // K and V of one cell in one layer
+    const bool     iswa       = o.arch == "gemma3";
+    const uint64_t n_global   = iswa ? uint64_t(o.n_layer / o.swa_pattern) : uint64_t(o.n_layer);
+    const uint64_t swa_cells  = iswa ? (std::min(o.n_decode + o.sliding_window, o.sliding_window + o.n_ubatch) + 255) / 256 * 256 : 0;
+    const uint64_t window     = (uint64_t(o.n_layer) - n_global) * swa_cells * layer_cell;
+    const uint64_t room       = uint64_t(o.n_decode) * n_global * layer_cell;
+    const uint64_t bound = uint64_t(1.05 * double(c.kv_kept + room + window)) + 32 * n_global * layer_cell;
     const uint64_t pipeline =
         std::max({ f.prefill.peak_kib, f.read.peak_kib, c.compress_peak_kib, c.decode_peak_kib });
     return {
         { "method", c.method }, { "budget", c.budget }, { "window", c.window }, { "cells_per_head", c.n_cells },
         { "kept_cells_per_head", c.kept_cells }, { "uniform", c.uniform }, { "kv_bytes_allocated", c.kv_alloc },
-        { "kv_bytes_kept", c.kv_kept }, { "kv_bytes_room", room }, { "kv_bytes_bound", bound },
+        { "kv_bytes_kept", c.kv_kept }, { "kv_bytes_room", room }, { "kv_bytes_window", window },
+        { "kv_bytes_bound", bound },
         { "capture_s", c.capture_s }, { "bytes_to_host", c.bytes_to_host },
         { "device_bytes_of_compressed_context", c.device_context_bytes },
-        { "kv_alloc_over_kept_plus_room", double(c.kv_alloc) / double(c.kv_kept + room) },
+        { "kv_alloc_over_kept_plus_room", double(c.kv_alloc) / double(c.kv_kept + room + window) },
         { "peak_rss_decode_kib", c.decode_peak_kib }, { "peak_rss_pipeline_kib", pipeline },
         { "peak_rss_compress_kib", c.compress_peak_kib }, { "prefill_s", f.prefill_s }, { "compress_s", comp },
         { "select_s", c.select_s }, { "rebuild_s", c.rebuild_s }, { "compress_over_prefill", comp / f.prefill_s },
@@ -504,7 +515,7 @@ void print_targets(const json & out) {
         const json & r = rows[i + 1];
         const auto   met = [&](const char * key) { return t[key].get<bool>() ? "MET" : "NOT MET"; };
         std::printf("  %-18s B=%-4d decode %.2f vs %.2f tok/s uncompressed: ratio %.3f %s (median runs %.3f, per-token "
-                    "medians %.3f) | compress %.3f s = %.2f%% of prefill %s | KV %.3f MiB = %.3f x (kept + room), "
+                    "medians %.3f) | compress %.3f s = %.2f%% of prefill %s | KV %.3f MiB = %.3f x (kept + room%s), "
                     "<= %.3f MiB %s\n",
                     r["method"].get<std::string>().c_str(), r["budget"].get<int>(),
                     r["decode_tokens_per_s"].get<double>(), r["uncompressed_decode_tokens_per_s"].get<double>(),
@@ -512,6 +523,7 @@ void print_targets(const json & out) {
                     t["decode_ratio_median_run"].get<double>(), t["decode_ratio_step_median"].get<double>(),
                     r["compress_s"].get<double>(), t["compress_pct"].get<double>(), met("compress_under_2pct"),
                     mib(r["kv_bytes_allocated"].get<uint64_t>()), r["kv_alloc_over_kept_plus_room"].get<double>(),
+                    r["kv_bytes_window"].get<uint64_t>() > 0 ? " + window stores" : "",
                     mib(r["kv_bytes_bound"].get<uint64_t>()), met("kv_alloc_within_bound"));
     }
     const json & ip = out["in_place"];
