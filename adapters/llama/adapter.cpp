@@ -108,11 +108,10 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
 
     t0                  = std::chrono::steady_clock::now();
     llama_context * ctx = state.context();
-    const bool sliding = compressed_layers(ctx).size() < size_t(llama_model_n_layer(model));  // iSWA
     if (!in_place) {
         // Its own cache is the smallest llama.cpp makes (256 cells), replaced by the ragged one right away; an iSWA
         // model's sliding-window cache holds the window besides the room.
-        cparams.n_ctx     = uint32_t(std::max(n_extra, 1) + (sliding ? llama_model_n_swa(model) : 0));
+        cparams.n_ctx     = uint32_t(std::max(n_extra, 1) + window_cells(model));
         cparams.n_seq_max = 1;
         cparams.cb_eval   = nullptr;
         if (observer != nullptr) {
@@ -127,14 +126,9 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
     // The kept entries stand at the prompt's last position: the next token goes at n_past, as after the prompt.
     make_ragged(ctx, state.view(), out.sel, n_extra, state.n_past() - 1,
                 { state.context(), state.view().n_kv_heads, {}, 0 });
-    if (sliding && !in_place) {  // the sliding-window layers' cache as the prefill left it: its last window of cells
-        std::vector<uint8_t> window(llama_state_seq_get_size_ext(state.context(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
-        if (llama_state_seq_get_data_ext(state.context(), window.data(), window.size(), 0,
-                                         LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != window.size() ||
-            llama_state_seq_set_data_ext(ctx, window.data(), window.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) !=
-                window.size()) {
-            throw error("cannot copy the sliding-window cache into the decode context");
-        }
+    if (!in_place) {  // the sliding-window layers' cache as the prefill left it (less what was decoded since)
+        copy_window(state.context(), ctx);
+        llama_memory_seq_rm(llama_get_memory(ctx), 0, state.n_past(), -1);
     }
     out.rebuild_seconds = seconds_since(t0);
     return out;

@@ -22,6 +22,14 @@ void check_cache_types(const llama_model * model, const session_options & o);
 // layer i (and a capture's, a ragged layout's) is model layer compressed_layers(ctx)[i].
 std::vector<int32_t> compressed_layers(const llama_context * ctx);
 
+// Cells a context needs beyond what it holds so that an iSWA model's sliding-window cache (sized by llama.cpp from
+// n_ctx, at most the window plus a ubatch) keeps the whole window: the window, 0 for other models.
+int32_t window_cells(const llama_model * model);
+
+// An iSWA model's sliding-window cache of sequence 0 copied from one context into another (its last window of cells,
+// llama.cpp's partial state); nothing for other models. Throws ecokv::error.
+void copy_window(llama_context * from, llama_context * to);
+
 // The sequence state of `seq` (llama_state_seq_get_data); throws ecokv::error when llama.cpp gives none.
 std::vector<uint8_t> read_sequence(llama_context * ctx, llama_seq_id seq = 0);
 // The cell count in the header of a state, without parsing the rest (0 for a too short buffer).

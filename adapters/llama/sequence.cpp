@@ -94,6 +94,12 @@ void sequence::impl::become_compressed(const impl & full, compressed_cache && cc
         }
     }
     comp = { std::move(cc.sel), cc.select_seconds, cc.rebuild_seconds, cc.capture_seconds, cc.bytes_to_host };
+    // An iSWA model's window as the prompt left it: the full sequence may have decoded (and overwritten) since.
+    const std::vector<uint8_t> window = full.origin_window;  // full may be this sequence
+    if (!window.empty() && llama_state_seq_set_data_ext(ctx.get(), window.data(), window.size(), 0,
+                                                        LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != window.size()) {
+        throw error("cannot restore the sliding-window cache of the prompt");
+    }
     mark_origin();
 }
 
@@ -106,7 +112,7 @@ int32_t sequence::impl::head_cells() const {
 
 context_ptr sequence::impl::replacement_context(int32_t n_cells) const {
     llama_context_params p = cparams;
-    p.n_ctx                = uint32_t(std::max(n_cells, 1));
+    p.n_ctx                = uint32_t(std::max(n_cells, 1) + window_cells(s->model));
     if (capture) {
         capture->attach(p);
     }

@@ -48,7 +48,8 @@ sequence session::resume(const snapshot & s, int32_t n_extra, bool probe, const 
     const int32_t n_window_queries = record.n_window_queries;
     auto q            = std::make_unique<sequence::impl>();
     q->s              = impl_.get();
-    q->cparams        = context_params(impl_->opts, s.n_cells + n_extra);
+    // a compressed snapshot's context: room for the cells it holds and n_extra, and an iSWA model's window
+    q->cparams        = context_params(impl_->opts, s.n_cells + n_extra + (s.layout.empty() ? 0 : window_cells(model())));
     q->n_cells        = s.n_cells;
     q->n_extra        = n_extra;
     q->kv_kept        = s.kv_bytes_kept;

@@ -9,6 +9,10 @@
 #include <llama.h>
 
 #include <gtest/gtest.h>
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 namespace {
@@ -158,6 +162,94 @@ TEST(run_vision, every_family_runs_and_analyzes) {
             n_image += im["rows"].get<int>() * im["cols"].get<int>();
         }
         EXPECT_EQ(n_image, full["image_tokens"].get<int>());
+    }
+}
+
+std::vector<std::string> split_lines(const std::string & text) {
+    std::vector<std::string> lines;
+    std::istringstream       in(text);
+    for (std::string line; std::getline(in, line);) {
+        if (!line.empty()) {
+            lines.push_back(line);
+        }
+    }
+    return lines;
+}
+
+// Base64 (RFC 4648) of a file, for a data URL.
+std::string base64_of(const std::string & path) {
+    static const char * k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const std::string   b = read_file(path);
+    std::string         out;
+    for (size_t i = 0; i < b.size(); i += 3) {
+        const uint32_t n = uint32_t(uint8_t(b[i])) << 16 | (i + 1 < b.size() ? uint32_t(uint8_t(b[i + 1])) << 8 : 0) |
+                           (i + 2 < b.size() ? uint32_t(uint8_t(b[i + 2])) : 0);
+        out += k[n >> 18 & 63];
+        out += k[n >> 12 & 63];
+        out += i + 1 < b.size() ? k[n >> 6 & 63] : '=';
+        out += i + 2 < b.size() ? k[n & 63] : '=';
+    }
+    return out;
+}
+
+// Every family through ecokv eval (two items, the full cache and a compression) and ecokv serve (a chat with the
+// image, compressed, answered with the kv entries it holds), with curl as the client.
+TEST(run_vision, every_family_evaluates_and_serves) {
+    for (const vlm_family & family : vlm_families()) {
+        SCOPED_TRACE(family.name);
+        const vision_fixture f(family);
+        const std::string    data = f.dir / "data";
+        std::filesystem::create_directories(data);
+        std::string items;
+        for (int i = 0; i < 2; ++i) {
+            write_test_ppm(data + "/img" + std::to_string(i) + ".ppm", 112, 84, uint64_t(i + 1));
+            items += json{ { "id", "q" + std::to_string(i) }, { "image", { "img" + std::to_string(i) + ".ppm" } },
+                           { "question", "what is written?" }, { "answers", { "a" } }, { "type", "t" } }
+                         .dump() + "\n";
+        }
+        write_file(data + "/items.jsonl", items);
+        const run_result e = run_cli(f.dir.path().string(),
+                                     { "eval", "--model", f.model, "--mmproj", f.mmproj, "--dataset", "generated", "--data",
+                                       data, "--methods", "full,adakv+ecokv", "--budgets", "8", "--window", "2", "-n", "3",
+                                       "-t", "2", "--out", f.dir / "ev" });
+        ASSERT_EQ(e.code, 0) << describe(e);
+        int n_records = 0;
+        for (const std::string & line : split_lines(read_file(std::string(f.dir / "ev") + "/results.jsonl"))) {
+            const json r = json::parse(line);
+            EXPECT_FALSE(r.contains("error")) << line;
+            ++n_records;
+        }
+        EXPECT_EQ(n_records, 4);
+
+        const std::string port = f.dir / "port", pid = f.dir / "pid", log = f.dir / "serve.log";
+        const std::string start = quote(ECOKV_CLI) + " serve --port 0 --port-file " + quote(port) + " --model " +
+                                  quote(f.model) + " --mmproj " + quote(f.mmproj) + " -t 2 --max-tokens 4 2>" +
+                                  quote(log) + " </dev/null & echo $! > " + quote(pid);
+        ASSERT_EQ(std::system(start.c_str()), 0);
+        for (int i = 0; i < 300 && read_file(port).empty(); ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        ASSERT_FALSE(read_file(port).empty()) << read_file(log);
+        const json body = { { "messages",
+                              { { { "role", "user" },
+                                  { "content",
+                                    { { { "type", "image_url" },
+                                        { "image_url", { { "url", "data:image/x-portable-pixmap;base64," +
+                                                                      base64_of(f.image) } } } },
+                                      { { "type", "text" }, { "text", "what is written?" } } } } } } },
+                            { "kv_compression", { { "method", "snapkv+ecokv" }, { "budget", 8 }, { "window", 2 } } } };
+        write_file(f.dir / "body.json", body.dump());
+        const std::string url  = "http://127.0.0.1:" + split_lines(read_file(port)).at(0) + "/v1/chat/completions";
+        const std::string curl = "curl -s -o " + quote(f.dir / "reply.json") + " -w '%{http_code}' -H " +
+                                 quote("Content-Type: application/json") + " --data-binary @" +
+                                 quote(f.dir / "body.json") + " " + quote(url) + " > " + quote(f.dir / "status");
+        const int rc = std::system(curl.c_str());
+        std::system(("kill $(cat " + quote(pid) + ") 2>/dev/null").c_str());
+        ASSERT_EQ(rc, 0);
+        ASSERT_EQ(read_file(f.dir / "status"), "200") << read_file(f.dir / "reply.json") << read_file(log);
+        const json reply = json::parse(read_file(f.dir / "reply.json"));
+        EXPECT_GT(reply["usage"]["prompt_tokens"].get<int>(), 8);
+        EXPECT_LT(reply["usage"]["kv_bytes_kept"].get<uint64_t>(), reply["usage"]["kv_bytes_full"].get<uint64_t>());
     }
 }
 
