@@ -48,7 +48,7 @@ class llama_engine final : public eval_engine {
         a.decode_s = reference_.answer.seconds;
         a.n_tokens = int32_t(reference_.answer.tokens.size());
         a.kv_bytes = full_->kv_bytes_allocated();
-        a.kv_bytes_kept = uint64_t(full_->n_prompt()) * full_->kv_bytes_per_cell();
+        a.kv_bytes_kept = full_->kv_bytes_of_cells(full_->n_prompt());
         return a;
     }
 

@@ -361,6 +361,21 @@ uint64_t kv_bytes_per_cell(const llama_context * ctx) {
     return n;
 }
 
+uint64_t kv_bytes_of_cells(const llama_context * ctx, int32_t n_cells) {
+    const llama_model * model  = llama_get_model(ctx);
+    const uint64_t      window = uint64_t(std::min(n_cells, std::max(llama_model_n_swa(model), 0)));
+    const uint64_t      heads  = llama_kv_layout(ctx) == 2 ? uint64_t(llama_model_n_head_kv(model)) : 1;
+    uint64_t            n      = 0;
+    for (int32_t il = 0; il < llama_model_n_layer(model); ++il) {
+        const ggml_tensor * k       = store(ctx, il, false);
+        const ggml_tensor * v       = store(ctx, il, true);
+        const bool          sliding = llama_kv_layer_sliding(ctx, il);
+        const uint64_t      row     = (sliding ? 1 : heads) * (ggml_row_size(k->type, k->ne[0]) + ggml_row_size(v->type, v->ne[0]));
+        n += row * (sliding ? window : uint64_t(n_cells));
+    }
+    return n;
+}
+
 cache_views::cache_views(const llama_context * ctx, int32_t n_cells, bool values) {
     const llama_model * model  = llama_get_model(ctx);
     const int32_t       n_kv   = llama_model_n_head_kv(model);

@@ -261,11 +261,12 @@ double                     sequence::prefill_seconds() const { return impl_->pre
 const compression_info &   sequence::compression() const { return impl_->comp; }
 
 uint64_t sequence::kv_bytes_per_cell() const { return llama::kv_bytes_per_cell(impl_->ctx.get()); }
+uint64_t sequence::kv_bytes_of_cells(int32_t n) const { return llama::kv_bytes_of_cells(impl_->ctx.get(), n); }
 
 uint64_t sequence::kv_bytes_allocated() const { return llama::kv_bytes_allocated(impl_->ctx.get()); }
 
 uint64_t sequence::kv_bytes_kept() const {
-    return impl_->kv_kept ? impl_->kv_kept : uint64_t(impl_->n_cells) * kv_bytes_per_cell();
+    return impl_->kv_kept ? impl_->kv_kept : kv_bytes_of_cells(impl_->n_cells);
 }
 
 const capture_view & sequence::capture() const { return impl_->prefill().view(); }

@@ -175,7 +175,7 @@ json run(const run_options & o) {
     }
     out["prompt_tokens"]   = p.n_cells();
     out["image_tokens"]    = p.n_media();
-    out["kv_bytes_prompt"] = uint64_t(p.n_cells()) * compressed->kv_bytes_per_cell();
+    out["kv_bytes_prompt"] = compressed->kv_bytes_of_cells(p.n_cells());
     el::sequence & comp        = *compressed;
     const auto &   ci          = comp.compression();
     out["method"]              = o.c.enabled ? ci.sel.method : o.c.name();

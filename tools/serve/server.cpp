@@ -65,8 +65,8 @@ size_t held_back(const std::string & s, const std::vector<std::string> & stop) {
 
 // KV bytes a conversation holds: the kept entries of its compressed prefix and every cell stored since, or its cells.
 uint64_t held_bytes(const el::sequence & seq, const el::snapshot & snap) {
-    return snap.layout.empty() ? uint64_t(snap.n_cells) * seq.kv_bytes_per_cell()
-                               : seq.kv_bytes_kept() + uint64_t(snap.n_cells - 1) * seq.kv_bytes_per_cell();
+    return snap.layout.empty() ? seq.kv_bytes_of_cells(snap.n_cells)
+                               : seq.kv_bytes_kept() + seq.kv_bytes_of_cells(snap.n_cells - 1);
 }
 
 llama_token pick(const std::vector<float> & logits, double temperature, std::mt19937_64 & rng) {
@@ -502,7 +502,7 @@ std::shared_ptr<chat_server::turn> chat_server::prepare(chat_request r, const co
     auto kept        = std::make_shared<cached_conversation>();
     kept->units      = t->key;
     kept->snap       = t->seq->save();
-    kept->full_bytes = uint64_t(t->prompt_cells) * t->seq->kv_bytes_per_cell();
+    kept->full_bytes = t->seq->kv_bytes_of_cells(t->prompt_cells);
     cache_.put(kept, hit.get());
     t->kept = std::move(kept);
     t->req  = std::move(r);
@@ -614,7 +614,7 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
     kept->units = t.key;
     kept->units.insert(kept->units.end(), out.begin(), out.begin() + ptrdiff_t(n_decoded));
     kept->snap       = t.seq->save();
-    kept->full_bytes = uint64_t(t.prompt_cells + int32_t(n_decoded)) * t.seq->kv_bytes_per_cell();
+    kept->full_bytes = t.seq->kv_bytes_of_cells(t.prompt_cells + int32_t(n_decoded));
     if (keep) {
         cache_.put(kept, t.kept.get());
     }
@@ -629,7 +629,7 @@ void chat_server::generate(turn & t, httplib::DataSink & sink) {
         { "kv_bytes_allocated", t.seq->kv_bytes_allocated() },
         { "kv_entries_held", t.seq->n_held() },
         { "kv_recompressions", recompressions },
-        { "kv_bytes_full", uint64_t(t.prompt_cells + int32_t(out.size())) * t.seq->kv_bytes_per_cell() },
+        { "kv_bytes_full", t.seq->kv_bytes_of_cells(t.prompt_cells + int32_t(out.size())) },
     };
     if (r.stream) {
         if (sent < text.size() || !pending.empty()) {

@@ -103,5 +103,8 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
 
 uint64_t kv_bytes_allocated(const llama_context * ctx);  // K and V stores of every layer, as allocated
 uint64_t kv_bytes_per_cell(const llama_context * ctx);   // K + V of one token in every KV head and layer
+// K + V an uncompressed cache of n_cells holds: every cell in every layer, but an iSWA model's sliding-window layers
+// hold at most their window.
+uint64_t kv_bytes_of_cells(const llama_context * ctx, int32_t n_cells);
 
 }  // namespace ecokv::llama

@@ -265,6 +265,7 @@ class sequence {
     uint64_t  kv_bytes_allocated() const;  // K and V stores of the context, as allocated
     uint64_t  kv_bytes_kept() const;       // entries held x bytes per entry
     uint64_t  kv_bytes_per_cell() const;   // K + V of one token in every KV head and layer
+    uint64_t  kv_bytes_of_cells(int32_t n) const;  // of n cells uncompressed (an iSWA model's windows at most theirs)
 
     // A prefilled sequence's prompt: cells, image cells, modality, prefill time.
     int32_t                      n_prompt() const;
