@@ -127,7 +127,7 @@ compressed_cache compress_context(const llama_model * model, const prefill_state
     make_ragged(ctx, state.view(), out.sel, n_extra, state.n_past() - 1,
                 { state.context(), state.view().n_kv_heads, {}, 0 });
     if (!in_place) {  // the sliding-window layers' cache as the prefill left it (less what was decoded since)
-        copy_window(state.context(), ctx);
+        write_window(ctx, read_window(state.context()));
         llama_memory_seq_rm(llama_get_memory(ctx), 0, state.n_past(), -1);
     }
     out.rebuild_seconds = seconds_since(t0);

@@ -187,7 +187,7 @@ void sequence::impl::reselect(const method_spec & spec, const method_params & pa
     make_ragged(fresh ? fresh.get() : q.ctx.get(), cap, info.sel, n_room, q.n_past - 1,
                 { q.ctx.get(), cap.n_kv_heads, q.layout, q.ragged_room });
     if (fresh) {
-        copy_window(q.ctx.get(), fresh.get());
+        write_window(fresh.get(), read_window(q.ctx.get()));
         q.ctx        = std::move(fresh);
         q.ran_graphs = false;
     }

@@ -327,16 +327,22 @@ std::vector<int32_t> compressed_layers(const llama_context * ctx) {
 
 int32_t window_cells(const llama_model * model) { return llama_model_n_swa(model); }
 
-void copy_window(llama_context * from, llama_context * to) {
-    if (compressed_layers(from).size() == size_t(llama_model_n_layer(llama_get_model(from)))) {
-        return;  // no sliding-window layers
+std::vector<uint8_t> read_window(llama_context * ctx) {
+    if (compressed_layers(ctx).size() == size_t(llama_model_n_layer(llama_get_model(ctx)))) {
+        return {};  // no sliding-window layers
     }
-    std::vector<uint8_t> window(llama_state_seq_get_size_ext(from, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
-    if (llama_state_seq_get_data_ext(from, window.data(), window.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) !=
-            window.size() ||
-        llama_state_seq_set_data_ext(to, window.data(), window.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) !=
-            window.size()) {
-        throw error("cannot copy the sliding-window cache into the new context");
+    std::vector<uint8_t> window(llama_state_seq_get_size_ext(ctx, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    if (llama_state_seq_get_data_ext(ctx, window.data(), window.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) !=
+        window.size()) {
+        throw error("cannot read the sliding-window cache");
+    }
+    return window;
+}
+
+void write_window(llama_context * ctx, const std::vector<uint8_t> & window) {
+    if (!window.empty() && llama_state_seq_set_data_ext(ctx, window.data(), window.size(), 0,
+                                                        LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != window.size()) {
+        throw error("cannot write the sliding-window cache");
     }
 }
 

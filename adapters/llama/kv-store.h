@@ -26,9 +26,10 @@ std::vector<int32_t> compressed_layers(const llama_context * ctx);
 // n_ctx, at most the window plus a ubatch) keeps the whole window: the window, 0 for other models.
 int32_t window_cells(const llama_model * model);
 
-// An iSWA model's sliding-window cache of sequence 0 copied from one context into another (its last window of cells,
-// llama.cpp's partial state); nothing for other models. Throws ecokv::error.
-void copy_window(llama_context * from, llama_context * to);
+// An iSWA model's sliding-window cache of sequence 0 (its last window of cells, llama.cpp's partial state): read (empty
+// for other models), and written back, replacing what the cache holds (nothing for an empty one). Throw ecokv::error.
+std::vector<uint8_t> read_window(llama_context * ctx);
+void                 write_window(llama_context * ctx, const std::vector<uint8_t> & window);
 
 // The sequence state of `seq` (llama_state_seq_get_data); throws ecokv::error when llama.cpp gives none.
 std::vector<uint8_t> read_sequence(llama_context * ctx, llama_seq_id seq = 0);

@@ -95,11 +95,7 @@ void sequence::impl::become_compressed(const impl & full, compressed_cache && cc
     }
     comp = { std::move(cc.sel), cc.select_seconds, cc.rebuild_seconds, cc.capture_seconds, cc.bytes_to_host };
     // An iSWA model's window as the prompt left it: the full sequence may have decoded (and overwritten) since.
-    const std::vector<uint8_t> window = full.origin_window;  // full may be this sequence
-    if (!window.empty() && llama_state_seq_set_data_ext(ctx.get(), window.data(), window.size(), 0,
-                                                        LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != window.size()) {
-        throw error("cannot restore the sliding-window cache of the prompt");
-    }
+    write_window(ctx.get(), full.origin_window);
     mark_origin();
 }
 
@@ -370,26 +366,13 @@ fidelity_report sequence::fidelity(const std::vector<llama_token> & question, co
     return { f.agreement, f.mean_kl, f.n, attention_error(full.attention, attention) };
 }
 
-void sequence::impl::mark_origin() {
-    origin_window.clear();
-    if (compressed_layers(ctx.get()).size() < size_t(llama_model_n_layer(s->model))) {
-        origin_window.resize(llama_state_seq_get_size_ext(ctx.get(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
-        if (llama_state_seq_get_data_ext(ctx.get(), origin_window.data(), origin_window.size(), 0,
-                                         LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != origin_window.size()) {
-            throw error("cannot read the sliding-window cache");
-        }
-    }
-}
+void sequence::impl::mark_origin() { origin_window = read_window(ctx.get()); }
 
 void sequence::rewind() {
     if (!llama_memory_seq_rm(llama_get_memory(impl_->ctx.get()), 0, impl_->origin_n_past, -1)) {
         throw error("llama.cpp cannot remove the decoded tokens of this sequence");
     }
-    const std::vector<uint8_t> & w = impl_->origin_window;
-    if (!w.empty() && llama_state_seq_set_data_ext(impl_->ctx.get(), w.data(), w.size(), 0,
-                                                   LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != w.size()) {
-        throw error("cannot restore the sliding-window cache");
-    }
+    write_window(impl_->ctx.get(), impl_->origin_window);
     impl_->n_past     = impl_->origin_n_past;
     impl_->decoded_modality.resize(impl_->origin_decoded);
     impl_->logits     = impl_->origin_logits;
