@@ -4,7 +4,10 @@
 //   - a covering budget answers exactly as the uncompressed cache;
 //   - a selection that keeps the same cells in every head (StreamingLLM) gives the logits of llama.cpp's own cache
 //     with the dropped cells removed by llama_memory_seq_rm (positions kept): an independent reference through
-//     llama.cpp's and mtmd's public API only.
+//     llama.cpp's and mtmd's public API only;
+//   - a selection with its own count per KV head (AdaKV) gives the logits of tiny-model.h's reference forward with
+//     each head's dropped cells masked, the prompt fed cell by cell from mtmd (image embeddings, M-RoPE positions,
+//     Gemma 3's non-causal image).
 #include "ecokv/llama-generate.h"
 #include "ecokv/llama-session.h"
 #include "session-test-util.h"
@@ -18,7 +21,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
+#include <memory>
 #include <set>
 
 namespace {
@@ -267,6 +273,162 @@ TEST_P(family_test, a_head_uniform_selection_is_llama_cpps_cache_without_the_dro
     }
     std::printf("[ info     ] %s: %zu of %d cells kept in every head; logits vs llama.cpp's cache: rel %.2g\n",
                 GetParam().name, cells[0].size(), p.n_cells(), worst);
+}
+
+// The prompt as the reference forward sees it, cell by cell, from a raw mtmd context of the same projector file and
+// model: text cells are the chunks' tokens (1-D positions; t = y = x for M-RoPE), image cells mtmd's embeddings of
+// their chunk (n_embd_inp floats each: qwen3vl's deepstack parts included) at mtmd's decoder positions, each chunk
+// advancing the next position by its n_pos; an image chunk mtmd decodes non-causally (Gemma 3's) is one block.
+struct reference_prompt {
+    std::vector<int32_t>  tokens;
+    std::vector<position> positions;
+    input_embeddings      inputs;
+    std::vector<int32_t>  blocks;  // non-causal block per cell (the chunk's index), -1 causal
+    llama_pos             n_past     = 0;
+    bool                  non_causal = false;  // some image chunk is decoded non-causally
+
+    reference_prompt(const tiny_model & m, const family_fixture & f, const std::string & text) {
+        mtmd_context_params pp = mtmd_context_params_default();
+        pp.use_gpu             = false;
+        pp.warmup              = false;
+        pp.print_timings       = false;
+        pp.n_threads           = f.options.n_threads;
+        const std::unique_ptr<mtmd_context, plain_context::mtmd_free_> ctx(
+            mtmd_init_from_file(f.files.mmproj.c_str(), m.get(), pp));
+        if (!ctx) {
+            throw std::runtime_error("the raw mtmd context could not be made");
+        }
+        const bitmap_ptr bmp(
+            mtmd_helper_bitmap_init_from_file(ctx.get(), f.image.c_str(), false, mtmd_helper_init_opt_default()).bitmap);
+        const std::unique_ptr<mtmd_input_chunks, void (*)(mtmd_input_chunks *)> chunks(mtmd_input_chunks_init(),
+                                                                                      mtmd_input_chunks_free);
+        const mtmd_input_text in{ text.c_str(), text.size(), true, true };
+        const mtmd_bitmap *   bitmaps[] = { bmp.get() };
+        if (!bmp || mtmd_tokenize(ctx.get(), chunks.get(), &in, bitmaps, 1) != 0) {
+            throw std::runtime_error("mtmd_tokenize failed");
+        }
+        const bool    mrope = mtmd_decode_use_mrope(ctx.get());
+        const int32_t n_inp = m.n_embd_inp();
+        for (size_t i = 0; i < mtmd_input_chunks_size(chunks.get()); ++i) {
+            const mtmd_input_chunk * c = mtmd_input_chunks_get(chunks.get(), i);
+            if (mtmd_input_chunk_get_type(c) == MTMD_INPUT_CHUNK_TYPE_TEXT) {
+                size_t              n   = 0;
+                const llama_token * tok = mtmd_input_chunk_get_tokens_text(c, &n);
+                for (size_t t = 0; t < n; ++t) {
+                    const int32_t pos = n_past + int32_t(t);
+                    tokens.push_back(tok[t]);
+                    positions.push_back({ pos, pos, pos });
+                    inputs.emplace_back();
+                    blocks.push_back(-1);
+                }
+                n_past += llama_pos(n);
+                continue;
+            }
+            if (mtmd_encode_chunk(ctx.get(), c) != 0) {
+                throw std::runtime_error("mtmd_encode_chunk failed");
+            }
+            const float *             e     = mtmd_get_output_embd(ctx.get());
+            const mtmd_image_tokens * image = mtmd_input_chunk_get_tokens_image(c);
+            const bool                nc    = mtmd_decode_use_non_causal(ctx.get(), c);
+            non_causal |= nc;
+            for (size_t t = 0; t < mtmd_input_chunk_get_n_tokens(c); ++t) {
+                tokens.push_back(0);  // not read: the cell is its embedding
+                if (mrope) {          // (t0, t0 + row, t0 + col), as mtmd-helper sends them
+                    const mtmd_decoder_pos d = mtmd_image_tokens_get_decoder_pos(image, n_past, t);
+                    positions.push_back({ int32_t(d.t), int32_t(d.y), int32_t(d.x) });
+                } else {
+                    const int32_t pos = n_past + int32_t(t);
+                    positions.push_back({ pos, pos, pos });
+                }
+                inputs.emplace_back(e + t * size_t(n_inp), e + (t + 1) * size_t(n_inp));
+                blocks.push_back(nc ? int32_t(i) : -1);
+            }
+            n_past += mtmd_input_chunk_get_n_pos(c);
+        }
+    }
+
+    void append_text(int32_t token) {
+        tokens.push_back(token);
+        positions.push_back({ n_past, n_past, n_past });
+        inputs.emplace_back();
+        blocks.push_back(-1);
+        ++n_past;
+    }
+};
+
+// A selection with its own count per KV head (AdaKV) on the image prompt: the compressed cache's logits, step by step,
+// are the reference forward's (tiny-model.h, plain C++ in double) with each head's dropped prompt cells masked, on the
+// weights of the model file (the same config makes the same weights) and mtmd's own image embeddings and positions.
+// The session loads the files (a session on a borrowed llama_model has no projector); the full cache's prompt logits
+// checked against the unmasked reference first show both see the same prompt.
+TEST_P(family_test, a_per_head_selection_on_an_image_prompt_is_the_masked_reference) {
+    const vlm_family &   fam = GetParam();
+    const family_fixture f(fam);
+    const tiny_model     m = make_tiny_model(vlm_text_config(fam));
+    const el::session    s(f.options);
+    const el::prompt     p = s.make_prompt(k_prompt, { f.image });
+    reference_prompt     ref(m, f, k_prompt);
+    ASSERT_EQ(int32_t(ref.tokens.size()), p.n_cells());
+    EXPECT_EQ(ref.non_causal, fam.projector == mmproj_type::gemma3);  // mtmd_decode_use_non_causal
+    const int32_t n_prompt = p.n_cells();
+
+    const auto                 spec   = ecokv::parse_method("adakv+ecokv");
+    const ecokv::method_params params = budget(12, 2);
+    const std::vector<llama_token> next = { 40, 41, 120, 7, 255 };
+    el::sequence full = s.prefill(p, 16, ecokv::requirements(spec, params));
+    EXPECT_EQ(full.n_past(), ref.n_past);
+    const double prompt_rel =
+        rel_diff(full.logits(), reference_logits(m, ref.tokens, ref.positions, {}, {}, ref.inputs, ref.blocks));
+    EXPECT_LT(prompt_rel, logit_rel_tolerance) << "the session's prompt is not the reference's";
+    if (ref.non_causal) {  // the blocks matter: the causal reference is another prompt (measured 1.0e-2)
+        const double causal_rel =
+            rel_diff(full.logits(), reference_logits(m, ref.tokens, ref.positions, {}, {}, ref.inputs));
+        EXPECT_GT(causal_rel, 2 * logit_rel_tolerance);
+        std::printf("[ info     ] %s: prompt logits vs the reference with a causal image: rel %.3g\n", fam.name,
+                    causal_rel);
+    }
+
+    el::sequence                            kept  = full.compress(spec, params, 16);
+    const std::vector<std::vector<int32_t>> cells = kept.kept_cells();  // before the decodes number theirs
+    const int32_t                           n_kv  = m.config().n_head_kv;
+    std::vector<int32_t> layer_of;  // model layer -> selection layer; -1: a sliding-window layer, not compressed
+    for (int32_t il = 0, i = 0; il < m.config().n_layer; ++il) {
+        layer_of.push_back(m.is_swa(il) ? -1 : i++);
+    }
+    const auto n_global = std::count_if(layer_of.begin(), layer_of.end(), [](int32_t i) { return i >= 0; });
+    ASSERT_EQ(int64_t(cells.size()), int64_t(n_global) * n_kv);
+    std::set<size_t> counts;
+    for (const auto & h : cells) {
+        counts.insert(h.size());
+        ASSERT_TRUE(std::is_sorted(h.begin(), h.end()));
+    }
+    ASSERT_GT(counts.size(), 1u) << "expected different budgets per head";
+    ASSERT_LT(*counts.rbegin(), size_t(n_prompt));
+    auto keep = [&](int32_t il, int32_t g, int32_t qi, int32_t kj) {
+        if (qi < n_prompt || kj >= n_prompt || layer_of[size_t(il)] < 0) {
+            return true;  // a sliding-window layer sees its window, as in llama.cpp (the reference masks it)
+        }
+        const auto & h = cells[size_t(layer_of[size_t(il)]) * size_t(n_kv) + size_t(g)];
+        return std::binary_search(h.begin(), h.end(), kj);
+    };
+
+    double worst = 0, least_power = INFINITY;
+    for (size_t i = 0; i < next.size(); ++i) {
+        kept.decode({ next[i] });
+        ref.append_text(next[i]);
+        const std::vector<float> want = reference_logits(m, ref.tokens, ref.positions, keep, {}, ref.inputs, ref.blocks);
+        const std::vector<float> unmasked =
+            reference_logits(m, ref.tokens, ref.positions, {}, {}, ref.inputs, ref.blocks);
+        const double rel = rel_diff(kept.logits(), want), power = rel_diff(kept.logits(), unmasked);
+        EXPECT_LT(rel, logit_rel_tolerance) << "step " << i;
+        EXPECT_GT(power, 3 * logit_rel_tolerance) << "step " << i << ": the unmasked reference answers as well";
+        worst       = std::max(worst, rel);
+        least_power = std::min(least_power, power);
+    }
+    EXPECT_EQ(kept.n_past(), ref.n_past);
+    std::printf("[ info     ] %s: %zu..%zu of %d cells kept per head; prompt logits vs reference rel %.2g, decode vs "
+                "masked reference rel %.2g (unmasked %.2g)\n",
+                fam.name, *counts.begin(), *counts.rbegin(), n_prompt, prompt_rel, worst, least_power);
 }
 
 INSTANTIATE_TEST_SUITE_P(families, family_test, ::testing::ValuesIn(vlm_families()), [](const auto & info) {

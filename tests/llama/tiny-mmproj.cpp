@@ -698,7 +698,7 @@ const std::vector<vlm_family> & vlm_families() {
     return families;
 }
 
-tiny_vlm_files write_tiny_vlm(const std::string & dir, const vlm_family & family) {
+tiny_config vlm_text_config(const vlm_family & family) {
     tiny_config c;
     c.arch      = family.arch;
     c.tokenizer = "bpe";
@@ -706,14 +706,23 @@ tiny_vlm_files write_tiny_vlm(const std::string & dir, const vlm_family & family
     if (family.projector == mmproj_type::qwen3vl_merger) {
         c.n_deepstack_layers = 1;  // tiny_mmproj_config's one deepstack block
     }
-    const tiny_model m = make_tiny_model(c);
-    tiny_vlm_files   f{ dir + "/model.gguf", dir + "/mmproj.gguf" };
-    llama_model_save_to_file(m.get(), f.model.c_str());
+    return c;
+}
+
+tiny_mmproj_config vlm_mmproj_config(const vlm_family & family, int32_t n_embd_text) {
     tiny_mmproj_config p;
     p.type        = family.projector;
     p.n_block     = 2;
-    p.n_embd_text = c.n_embd;
-    write_tiny_mmproj(f.mmproj, p);
+    p.n_embd_text = n_embd_text;
+    return p;
+}
+
+tiny_vlm_files write_tiny_vlm(const std::string & dir, const vlm_family & family) {
+    const tiny_config c = vlm_text_config(family);
+    const tiny_model  m = make_tiny_model(c);
+    tiny_vlm_files    f{ dir + "/model.gguf", dir + "/mmproj.gguf" };
+    llama_model_save_to_file(m.get(), f.model.c_str());
+    write_tiny_mmproj(f.mmproj, vlm_mmproj_config(family, c.n_embd));
     return f;
 }
 

@@ -17,6 +17,8 @@
 // (n_embd = P)" and returns nullptr.
 #pragma once
 
+#include "tiny-model.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -161,7 +163,15 @@ struct vlm_family {
 };
 const std::vector<vlm_family> & vlm_families();
 
-// write_tiny_vlm for a family, with the bpe tokenizer (n_vocab 300): every family's layout tokenizes, Idefics3's too.
+// A family's text model: its arch with the bpe tokenizer (n_vocab 300: every family's layout tokenizes, Idefics3's
+// too), qwen3vl with one deepstack layer (the projector's one deepstack block); the rest tiny_config's defaults.
+tiny_config vlm_text_config(const vlm_family & family);
+// A family's projector: its type with 2 ViT blocks, the rest tiny_mmproj_config's defaults, output n_embd_text wide.
+tiny_mmproj_config vlm_mmproj_config(const vlm_family & family, int32_t n_embd_text);
+
+// The family's pair as GGUF files: make_tiny_model(vlm_text_config(family)) saved as dir/model.gguf and
+// vlm_mmproj_config(family, its n_embd) as dir/mmproj.gguf. A tiny_model made in memory from vlm_text_config has the
+// same weights as the file (weights are deterministic in the config), so a reference forward can check the file's.
 tiny_vlm_files write_tiny_vlm(const std::string & dir, const vlm_family & family);
 
 struct mtmd_bitmap_deleter {

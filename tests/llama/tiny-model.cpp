@@ -786,12 +786,20 @@ std::vector<reference_input> reference_inputs(const tiny_model & m, const std::v
 
 reference_output reference_forward(const tiny_model & m, const std::vector<int32_t> & tokens,
                                    const std::vector<position> & positions, const keep_fn & keep,
-                                   const kv_rounding & rounding, const input_embeddings & inputs) {
+                                   const kv_rounding & rounding, const input_embeddings & inputs,
+                                   const std::vector<int32_t> & blocks) {
     const tiny_config & c = m.config();
     const int32_t       n = int32_t(tokens.size());
     if (n == 0 || positions.size() != tokens.size()) {
         throw std::invalid_argument("reference: need one position per token and at least one token");
     }
+    if (!blocks.empty() && blocks.size() != tokens.size()) {
+        throw std::invalid_argument("reference: need one non-causal block id per token (or none)");
+    }
+    // key j is visible to query i in token order, or both in one non-causal block (later keys too)
+    auto in_order = [&](int32_t i, int32_t j) {
+        return j <= i || (!blocks.empty() && blocks[size_t(i)] >= 0 && blocks[size_t(j)] == blocks[size_t(i)]);
+    };
     const int32_t   d = c.head_dim(), n_embd = c.n_embd, n_kv = c.n_head_kv, group = c.n_head / c.n_head_kv;
     const rope_kind rope   = rope_kind_of(c.arch);
     const bool      gemma3 = c.arch == "gemma3";
@@ -866,8 +874,12 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
                 const int32_t g = hh / group;  // GQA: query head -> KV head by division, as ggml does
                 std::vector<double>  s;
                 std::vector<int32_t> idx;
-                for (int32_t j = 0; j <= i; ++j) {
-                    // llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD: p1 - p0 >= n_swa hides p0 from p1
+                for (int32_t j = 0; j < (blocks.empty() ? i + 1 : n); ++j) {
+                    if (!in_order(i, j)) {
+                        continue;
+                    }
+                    // llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD: p1 - p0 >= n_swa hides p0 from p1 (a
+                    // later key of a non-causal block, p1 - p0 < 0, is not hidden: LLAMA_NON_CAUSAL_TYPE_ALL)
                     if (swa && positions[size_t(i)][0] - positions[size_t(j)][0] >= c.sliding_window) {
                         continue;
                     }
@@ -940,8 +952,9 @@ reference_output reference_forward(const tiny_model & m, const std::vector<int32
 
 std::vector<float> reference_logits(const tiny_model & m, const std::vector<int32_t> & tokens,
                                     const std::vector<position> & positions, const keep_fn & keep,
-                                    const kv_rounding & rounding, const input_embeddings & inputs) {
-    return reference_forward(m, tokens, positions, keep, rounding, inputs).logits;
+                                    const kv_rounding & rounding, const input_embeddings & inputs,
+                                    const std::vector<int32_t> & blocks) {
+    return reference_forward(m, tokens, positions, keep, rounding, inputs, blocks).logits;
 }
 
 std::vector<reference_layer_kv> reference_kv(const tiny_model & m, const std::vector<int32_t> & tokens,

@@ -183,8 +183,9 @@ std::vector<position> text_positions(int32_t n, int32_t t0 = 0);
 // token i = (t, t + i/nx, t + i%nx). The next text position after it is t + max(nx, ny).
 std::vector<position> image_positions(int32_t t, int32_t nx, int32_t ny);
 
-// keep(layer, kv_head, query_index, key_index) (token indices into the prompt, key <= query): false hides the key
-// from every query head of that KV group in that layer. An empty function keeps everything.
+// keep(layer, kv_head, query_index, key_index) (token indices into the prompt, key <= query, or in the query's
+// non-causal block): false hides the key from every query head of that KV group in that layer. An empty function
+// keeps everything.
 using keep_fn = std::function<bool(int32_t layer, int32_t kv_head, int32_t query_index, int32_t key_index)>;
 
 // K (after RoPE) and V of one layer, [n_head_kv][n_tokens][head_dim], the order of ecokv::llama::state_blob views.
@@ -220,8 +221,8 @@ using input_embeddings = std::vector<std::vector<float>>;
 std::vector<bool> embedding_tokens(const tiny_model & m, const std::vector<position> & positions,
                                    const input_embeddings & inputs = {});
 
-// The reference: causal attention in token-index order (key j visible to query i iff j <= i and keep(...)), which is
-// llama.cpp's position mask for prompts with non-decreasing t whose image blocks are in raster order; gemma3's SWA
+// The reference: causal attention in token-index order (key j visible to query i iff j <= i, or both are in one
+// non-causal block, and keep(...)), which is llama.cpp's position mask for prompts with non-decreasing t whose image blocks are in raster order; gemma3's SWA
 // layers also hide keys with t_i - t_j >= sliding_window (llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD). A
 // query row with every key hidden outputs 0 for that head. RoPE as llama.cpp: llama = LLAMA_ROPE_TYPE_NORM (pairs
 // (2i, 2i+1)); the others NEOX pairs (i, i + d/2): qwen2 and gemma3 with 1-D positions (gemma3: base per layer),
@@ -234,13 +235,20 @@ std::vector<bool> embedding_tokens(const tiny_model & m, const std::vector<posit
 // Double precision throughout; weights are the F32 values in the model (keep_reference_weights; std::out_of_range
 // without them). `rounding` (cache_rounding) makes the reference read what a quantized cache holds; K and V in `kv`
 // are rounded too.
+// `blocks`: empty (every token causal), or one id per token: the tokens with the same id >= 0 form a non-causal block
+// and see each other whatever their order, as llama.cpp decodes a batch with llama_set_causal_attn(false) (mtmd does
+// so for the images of projectors where mtmd_decode_use_non_causal, Gemma 3's: the batch is the image's tokens alone).
+// Gemma 3's SWA layers still hide keys t_i - t_j >= sliding_window (LLAMA_NON_CAUSAL_TYPE_ALL); a later key of the
+// block is never hidden by it. -1: a causal token.
 reference_output reference_forward(const tiny_model & m, const std::vector<int32_t> & tokens,
                                    const std::vector<position> & positions, const keep_fn & keep = {},
-                                   const kv_rounding & rounding = {}, const input_embeddings & inputs = {});
+                                   const kv_rounding & rounding = {}, const input_embeddings & inputs = {},
+                                   const std::vector<int32_t> & blocks = {});
 
 std::vector<float> reference_logits(const tiny_model & m, const std::vector<int32_t> & tokens,
                                     const std::vector<position> & positions, const keep_fn & keep = {},
-                                    const kv_rounding & rounding = {}, const input_embeddings & inputs = {});
+                                    const kv_rounding & rounding = {}, const input_embeddings & inputs = {},
+                                    const std::vector<int32_t> & blocks = {});
 
 std::vector<reference_layer_kv> reference_kv(const tiny_model & m, const std::vector<int32_t> & tokens,
                                              const std::vector<position> & positions, const keep_fn & keep = {});
