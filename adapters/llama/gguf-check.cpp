@@ -288,22 +288,22 @@ struct projector_traits {
 
 std::optional<projector_traits> traits_of(const std::string & type) {
     if (type == "qwen2vl_merger" || type == "qwen2.5vl_merger") {
-        return projector_traits{ true, type == "qwen2.5vl_merger", false, false, false };
-    }
-    if (type == "mlp") {
-        return projector_traits{ false, false, true, true, false };
-    }
-    if (type == "internvl") {
-        return projector_traits{ false, false, true, true, true };
-    }
-    if (type == "idefics3") {
-        return projector_traits{ false, false, false, false, true };
-    }
-    if (type == "gemma3") {
-        return projector_traits{ false, false, false, false, false, true };
+        return projector_traits{ .merger = true, .rms_blocks = type == "qwen2.5vl_merger" };
     }
     if (type == "qwen3vl_merger") {
-        return projector_traits{ true, false, false, true, false, false, true };
+        return projector_traits{ .merger = true, .positions = true, .fused_qkv = true };
+    }
+    if (type == "mlp") {
+        return projector_traits{ .class_token = true, .positions = true };
+    }
+    if (type == "internvl") {
+        return projector_traits{ .class_token = true, .positions = true, .shuffle = true };
+    }
+    if (type == "idefics3") {
+        return projector_traits{ .shuffle = true };
+    }
+    if (type == "gemma3") {
+        return projector_traits{ .pooled = true };
     }
     return std::nullopt;
 }
