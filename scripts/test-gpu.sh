@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU job (docs/gpu.md): builds ecokv with a GPU backend into build-<backend>/ (nothing shared with build/) and runs
 # on its device what depends on where the cache lives: the exact-logit tests of the ragged cache against the reference
-# forward (test-adapter, test-session: uniform, PyramidKV, AdaKV, MadaKV, merges, chunked prefill, snapshots; llama
-# and qwen2vl; flash attention on and off) with every layer offloaded and with one layer left on the CPU, the bytes a
+# forward (test-adapter, test-session: uniform, PyramidKV, AdaKV, MadaKV, merges, chunked prefill, snapshots; llama,
+# qwen2, qwen2vl, qwen3vl and gemma3's sliding-window layers; flash attention on and off) with every layer offloaded and with one layer left on the CPU, the bytes a
 # compression copies to the host, counted by hand; the bundled tiny VLM answering the README's question with the same
 # greedy tokens on the device as on the CPU; and the server tests with every layer offloaded.
 #   scripts/test-gpu.sh [--backend vulkan|cuda]
