@@ -327,6 +327,18 @@ std::vector<int32_t> compressed_layers(const llama_context * ctx) {
 
 int32_t window_cells(const llama_model * model) { return llama_model_n_swa(model); }
 
+int32_t store_cells(const llama_context * ctx, bool sliding_only) {
+    const bool ragged = llama_kv_layout(ctx) == 2;
+    int64_t    n      = 0;
+    for (int32_t il = 0; il < llama_model_n_layer(llama_get_model(ctx)); ++il) {
+        const bool sliding = llama_kv_layer_sliding(ctx, il);
+        if (sliding || (!sliding_only && !ragged)) {
+            n = std::max(n, store(ctx, il, false)->ne[1]);  // K: [n_embd_k_gqa, cells]
+        }
+    }
+    return int32_t(n);
+}
+
 std::vector<uint8_t> read_window(llama_context * ctx) {
     if (compressed_layers(ctx).size() == size_t(llama_model_n_layer(llama_get_model(ctx)))) {
         return {};  // no sliding-window layers

@@ -22,6 +22,10 @@ void check_cache_types(const llama_model * model, const session_options & o);
 // layer i (and a capture's, a ragged layout's) is model layer compressed_layers(ctx)[i].
 std::vector<int32_t> compressed_layers(const llama_context * ctx);
 
+// The most cells a store of the usual layout holds in any layer, or (sliding_only) in an iSWA model's sliding-window
+// layers only (0 without such layers). A ragged cache's layers are left out: their stores hold rows of single heads.
+int32_t store_cells(const llama_context * ctx, bool sliding_only);
+
 // Cells a context needs beyond what it holds so that an iSWA model's sliding-window cache (sized by llama.cpp from
 // n_ctx, at most the window plus a ubatch) keeps the whole window: the window, 0 for other models.
 int32_t window_cells(const llama_model * model);

@@ -101,9 +101,10 @@ void sequence::impl::become_compressed(const impl & full, compressed_cache && cc
 
 int32_t sequence::impl::head_cells() const {
     if (layout.empty()) {
-        return int32_t(llama::kv_bytes_allocated(ctx.get()) / llama::kv_bytes_per_cell(ctx.get()));
+        return store_cells(ctx.get(), false);
     }
-    return int32_t(*std::max_element(layout.begin(), layout.end())) + 1 + ragged_room;
+    // the longest compressed head, or an iSWA model's sliding-window heads if they hold more
+    return std::max(store_cells(ctx.get(), true), int32_t(*std::max_element(layout.begin(), layout.end())) + 1 + ragged_room);
 }
 
 context_ptr sequence::impl::replacement_context(int32_t n_cells) const {
