@@ -431,6 +431,35 @@ TEST_P(family_test, a_per_head_selection_on_an_image_prompt_is_the_masked_refere
                 fam.name, *counts.begin(), *counts.rbegin(), n_prompt, prompt_rel, worst, least_power);
 }
 
+// Each family's chat template (llama.cpp's built-in rendering of it) puts the question where ecokv splits the prompt:
+// the context (compressed before any question) is the user turn up to the question, the suffix closes the turn and
+// opens the assistant's, as the family's format writes them (counted by hand from the published templates).
+TEST_P(family_test, the_chat_template_splits_where_the_question_goes) {
+    const family_fixture f(GetParam());
+    const el::session    s(f.options);
+    const std::string    name = GetParam().name;
+    const std::map<std::string, std::pair<std::string, std::string>> want = {  // context prefix, question suffix
+        { "llava-1.5", { "USER: ", "\nASSISTANT:" } },
+        { "llava-next", { "USER: ", "\nASSISTANT:" } },
+        { "gemma-3", { "<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n" } },
+        { "smolvlm", { "<|im_start|>User: ", "<end_of_utterance>\nAssistant:" } },
+    };
+    const auto it       = want.find(name);
+    const auto expected = it != want.end() ? it->second
+                                           : std::pair<std::string, std::string>{ "<|im_start|>user\n",
+                                                                                  "<|im_end|>\n<|im_start|>assistant\n" };
+    const el::prompt_parts parts = s.split_prompt(k_prompt);
+    EXPECT_EQ(parts.context, expected.first + k_prompt + "\n");
+    EXPECT_EQ(parts.question_suffix, expected.second);
+    // the context with its image is a prompt of the family's layout, the image's cells as hand-counted
+    const el::prompt p = s.make_prompt(parts.context, { f.image });
+    int32_t n_image = 0;
+    for (const span & x : hand_counted(name)) {
+        n_image += x.image ? x.n : 0;
+    }
+    EXPECT_EQ(p.n_media(), n_image);
+}
+
 INSTANTIATE_TEST_SUITE_P(families, family_test, ::testing::ValuesIn(vlm_families()), [](const auto & info) {
     std::string n = info.param.name;
     std::replace(n.begin(), n.end(), '-', '_');

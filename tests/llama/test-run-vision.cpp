@@ -149,6 +149,10 @@ TEST(run_vision, every_family_runs_and_analyzes) {
         const json small = f.run_json({ "-p", prompt, "-m", "adakv+ecokv", "-b", "10", "--window", "2", "-n", "6",
                                         "--compare-full" });
         EXPECT_LT(small["kv_bytes_kept"].get<uint64_t>(), full["kv_bytes_kept"].get<uint64_t>());
+        // question mode: the family's chat template split where the questions go, the context compressed first
+        const json asked = f.run_json({ "-p", "<__media__> a picture", "--question", "what is it", "--question",
+                                        "which colour", "-m", "snapkv+ecokv", "-b", "10", "--window", "2", "-n", "4" });
+        EXPECT_EQ(asked["answers"].size(), 2u);
         const run_result r = run_cli(f.dir.path().string(), { "analyze", "--model", f.model, "--mmproj", f.mmproj,
                                                               "--image", f.image, "-p", prompt, "-b", "8", "--window",
                                                               "2", "--out", f.dir / "an", "--no-plots", "-t", "2" });

@@ -698,6 +698,34 @@ const std::vector<vlm_family> & vlm_families() {
     return families;
 }
 
+namespace {
+
+// llama_model_save_to_file writes no chat template: the key is added to the saved file (rewritten in place).
+void set_chat_template(const std::string & path, const std::string & tmpl) {
+    if (tmpl.empty()) {
+        return;
+    }
+    ggml_context *                                   data = nullptr;
+    std::unique_ptr<gguf_context, gguf_free_deleter> g(gguf_init_from_file(path.c_str(), { false, &data }));
+    std::unique_ptr<ggml_context, ggml_free_deleter> hold(data);
+    if (!g) {
+        throw std::runtime_error("tiny_vlm: cannot read " + path);
+    }
+    std::unique_ptr<gguf_context, gguf_free_deleter> out(gguf_init_empty());  // the keys, the tensors with their data
+    gguf_set_kv(out.get(), g.get());
+    gguf_set_val_str(out.get(), "tokenizer.chat_template", tmpl.c_str());
+    for (int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
+        gguf_add_tensor(out.get(), ggml_get_tensor(data, gguf_get_tensor_name(g.get(), i)));
+    }
+    const std::string part = path + ".part";
+    if (!gguf_write_to_file(out.get(), part.c_str(), false)) {
+        throw std::runtime_error("tiny_vlm: cannot write " + part);
+    }
+    std::filesystem::rename(part, path);
+}
+
+}  // namespace
+
 tiny_config vlm_text_config(const vlm_family & family) {
     tiny_config c;
     c.arch      = family.arch;
@@ -705,6 +733,19 @@ tiny_config vlm_text_config(const vlm_family & family) {
     c.n_vocab   = 300;
     if (family.projector == mmproj_type::qwen3vl_merger) {
         c.n_deepstack_layers = 1;  // tiny_mmproj_config's one deepstack block
+    }
+    // The family's chat template, shortened to what llama.cpp recognises it by (llm_chat_detect_template)
+    const std::string name = family.name;
+    if (name.rfind("llava", 0) == 0) {  // LLaVA's Vicuna conversation
+        c.chat_template = "{% for m in messages %}USER: {{ m['content'] }}\nASSISTANT: {% endfor %}";
+    } else if (name == "gemma-3") {
+        c.chat_template = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"
+                          "<end_of_turn>\n{% endfor %}";
+    } else if (name == "smolvlm") {
+        c.chat_template = "<|im_start|>{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}"
+                          "<end_of_utterance>\n{% endfor %}";
+    } else {  // Qwen2-VL, Qwen2.5-VL, Qwen3-VL, InternVL3: ChatML
+        c.chat_template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}";
     }
     return c;
 }
@@ -722,6 +763,7 @@ tiny_vlm_files write_tiny_vlm(const std::string & dir, const vlm_family & family
     const tiny_model  m = make_tiny_model(c);
     tiny_vlm_files    f{ dir + "/model.gguf", dir + "/mmproj.gguf" };
     llama_model_save_to_file(m.get(), f.model.c_str());
+    set_chat_template(f.model, c.chat_template);
     write_tiny_mmproj(f.mmproj, vlm_mmproj_config(family, c.n_embd));
     return f;
 }

@@ -368,6 +368,9 @@ std::unique_ptr<gguf_context, gguf_deleter> make_metadata(const tiny_config & c)
         gguf_set_arr_str(g.get(), "tokenizer.ggml.tokens", ptrs.data(), ptrs.size());
         gguf_set_arr_data(g.get(), "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores.data(), scores.size());
     }
+    if (!c.chat_template.empty()) {
+        gguf_set_val_str(g.get(), "tokenizer.chat_template", c.chat_template.c_str());
+    }
     declare_matrices(g.get(), c);
     return g;
 }

@@ -37,6 +37,9 @@ struct tiny_config {
     // vocabulary (every byte a token, then "\n\n", <|im_start|> (BOS), <|im_end|> (EOS), <fake_token_around_image>,
     // <global-img>, <end_of_utterance>; needs n_vocab >= 262), for projectors whose mtmd layout looks pieces up by text.
     std::string tokenizer = "test";
+    // tokenizer.chat_template, or none when empty: llama.cpp picks its built-in template from the text (chatml for
+    // "<|im_start|>", gemma for "<start_of_turn>", ...), which ecokv's chat prompts and question split then use.
+    std::string chat_template;
     // qwen2vl and qwen3vl: M-RoPE sections (t, y, x, extra) counted in rotation pairs; the extra section must be 0 and
     // the sum in (0, head_dim]. qwen2vl gives contiguous runs of pairs to t, y, x (sum = head_dim/2 covers every pair).
     // qwen3vl interleaves them (IMROPE): pair i, sector s = i % sum, takes y if s%3 == 1 && s < 3*sections[1], x if
