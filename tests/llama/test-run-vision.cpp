@@ -149,6 +149,11 @@ TEST(run_vision, every_family_runs_and_analyzes) {
         const json small = f.run_json({ "-p", prompt, "-m", "adakv+ecokv", "-b", "10", "--window", "2", "-n", "6",
                                         "--compare-full" });
         EXPECT_LT(small["kv_bytes_kept"].get<uint64_t>(), full["kv_bytes_kept"].get<uint64_t>());
+        // chunked prefill (24 cells: tiles and text chunks as units) with a covering budget is the full cache
+        const json chunked = f.run_json({ "-p", prompt, "-m", "snapkv+ecokv", "-b", "1024", "--window", "2", "-n", "6",
+                                          "--chunk", "24", "--compare-full" });
+        EXPECT_EQ(chunked["agreement"].get<double>(), 1.0);
+        EXPECT_LT(chunked["mean_kl"].get<double>(), 1e-6);
         // question mode: the family's chat template split where the questions go, the context compressed first
         const json asked = f.run_json({ "-p", "<__media__> a picture", "--question", "what is it", "--question",
                                         "which colour", "-m", "snapkv+ecokv", "-b", "10", "--window", "2", "-n", "4" });
