@@ -244,6 +244,20 @@ void append(std::ofstream & out, const eval_plan & plan, json rec) {
     }
 }
 
+// A (method, budget) that failed for a unit of work (one item, or a conversation's turns): a record for each of its
+// items not answered yet, or the error itself under --strict, naming the unit (`what`).
+void record_failure(const eval_plan & plan, std::ofstream & out, std::span<const eval_item> items, const std::string & what,
+                    const std::string & method, int32_t budget, const error & e) {
+    if (plan.options.strict) {
+        throw error(what + ": " + e.what());
+    }
+    for (const eval_item & item : items) {
+        if (!plan.done.count(key(item.id, method, budget))) {
+            append(out, plan, failed_record(item, method, budget, e.what()));
+        }
+    }
+}
+
 json record(const eval_item & item, const std::string & method, int32_t budget, const eval_prefill & pf,
             const eval_answer & a, const metric_info & metric) {
     json rec = { { "id", item.id },           { "method", method },
@@ -321,14 +335,7 @@ void run_conversations(const eval_plan & plan, eval_engine & engine, std::ofstre
             continue;
         }
         auto fail = [&](const std::string & method, int32_t budget, const error & e) {
-            if (o.strict) {
-                throw error("conversation of item '" + turns[0].id + "': " + e.what());
-            }
-            for (const eval_item & t : turns) {
-                if (!plan.done.count(key(t.id, method, budget))) {
-                    append(out, plan, failed_record(t, method, budget, e.what()));
-                }
-            }
+            record_failure(plan, out, turns, "conversation of item '" + turns[0].id + "'", method, budget, e);
         };
         std::vector<eval_turn> full;
         try {
@@ -462,10 +469,7 @@ void run_eval(const eval_plan & plan, eval_engine & engine, const eval_progress 
         }
         // A failed prefill fails the whole item; a failed answer only its (method, budget).
         auto fail = [&](const std::string & method, int32_t budget, const error & e) {
-            if (o.strict) {
-                throw error("item '" + item.id + "': " + e.what());
-            }
-            append(out, plan, failed_record(item, method, budget, e.what()));
+            record_failure(plan, out, std::span(&item, 1), "item '" + item.id + "'", method, budget, e);
         };
         eval_prefill pf;
         try {
