@@ -33,32 +33,8 @@ std::string temp_path(const std::string & name) {
 std::string rewrite(const std::string & src, const std::string & name,
                     const std::function<void(gguf_context *)> & edit,
                     const std::map<std::string, std::vector<int64_t>> & reshape = {}) {
-    ggml_context * data = nullptr;
-    gguf_context * in   = gguf_init_from_file(src.c_str(), { /*no_alloc=*/false, &data });
-    EXPECT_NE(in, nullptr);
-    gguf_context *     out   = gguf_init_empty();
-    ggml_init_params   p     = { 64u << 20, nullptr, false };
-    ggml_context *     extra = ggml_init(p);
-    gguf_set_kv(out, in);
-    edit(out);
-    for (int64_t i = 0; i < gguf_get_n_tensors(in); ++i) {
-        ggml_tensor * t  = ggml_get_tensor(data, gguf_get_tensor_name(in, i));
-        const auto    it = reshape.find(t->name);
-        if (it != reshape.end()) {
-            const auto & s = it->second;
-            ggml_tensor * r = ggml_new_tensor(extra, t->type, int(s.size()), s.data());
-            ggml_set_name(r, t->name);
-            std::memset(r->data, 0, ggml_nbytes(r));
-            t = r;
-        }
-        gguf_add_tensor(out, t);
-    }
     const std::string path = temp_path(name);
-    EXPECT_TRUE(gguf_write_to_file(out, path.c_str(), false));
-    gguf_free(out);
-    gguf_free(in);
-    ggml_free(extra);
-    ggml_free(data);
+    ecokv::test::rewrite_gguf(src, path, edit, reshape);
     return path;
 }
 

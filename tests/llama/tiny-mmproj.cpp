@@ -13,6 +13,7 @@
 #include <fstream>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <stdexcept>
@@ -702,29 +703,51 @@ namespace {
 
 // llama_model_save_to_file writes no chat template: the key is added to the saved file (rewritten in place).
 void set_chat_template(const std::string & path, const std::string & tmpl) {
-    if (tmpl.empty()) {
-        return;
+    if (!tmpl.empty()) {
+        rewrite_gguf(path, path, [&](gguf_context * g) { gguf_set_val_str(g, "tokenizer.chat_template", tmpl.c_str()); });
     }
-    ggml_context *                                   data = nullptr;
-    std::unique_ptr<gguf_context, gguf_free_deleter> g(gguf_init_from_file(path.c_str(), { false, &data }));
-    std::unique_ptr<ggml_context, ggml_free_deleter> hold(data);
-    if (!g) {
-        throw std::runtime_error("tiny_vlm: cannot read " + path);
-    }
-    std::unique_ptr<gguf_context, gguf_free_deleter> out(gguf_init_empty());  // the keys, the tensors with their data
-    gguf_set_kv(out.get(), g.get());
-    gguf_set_val_str(out.get(), "tokenizer.chat_template", tmpl.c_str());
-    for (int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
-        gguf_add_tensor(out.get(), ggml_get_tensor(data, gguf_get_tensor_name(g.get(), i)));
-    }
-    const std::string part = path + ".part";
-    if (!gguf_write_to_file(out.get(), part.c_str(), false)) {
-        throw std::runtime_error("tiny_vlm: cannot write " + part);
-    }
-    std::filesystem::rename(part, path);
 }
 
 }  // namespace
+
+void rewrite_gguf(const std::string & src, const std::string & dst, const std::function<void(gguf_context *)> & edit,
+                  const std::map<std::string, std::vector<int64_t>> & reshape) {
+    ggml_context *                                   data = nullptr;
+    std::unique_ptr<gguf_context, gguf_free_deleter> in(gguf_init_from_file(src.c_str(), { false, &data }));
+    std::unique_ptr<ggml_context, ggml_free_deleter> hold(data);
+    if (!in) {
+        throw std::runtime_error("rewrite_gguf: cannot read " + src);
+    }
+    size_t reshaped_bytes = ggml_tensor_overhead() * (reshape.size() + 1);
+    for (const auto & [name, shape] : reshape) {
+        size_t n = ggml_type_size(ggml_get_tensor(data, name.c_str())->type);
+        for (const int64_t d : shape) {
+            n *= size_t(d);
+        }
+        reshaped_bytes += n + 64;
+    }
+    std::unique_ptr<ggml_context, ggml_free_deleter> extra(ggml_init({ reshaped_bytes, nullptr, false }));
+    std::unique_ptr<gguf_context, gguf_free_deleter> out(gguf_init_empty());
+    gguf_set_kv(out.get(), in.get());
+    edit(out.get());
+    for (int64_t i = 0; i < gguf_get_n_tensors(in.get()); ++i) {
+        ggml_tensor * t  = ggml_get_tensor(data, gguf_get_tensor_name(in.get(), i));
+        const auto    it = reshape.find(t->name);
+        if (it != reshape.end()) {
+            ggml_tensor * r = ggml_new_tensor(extra.get(), t->type, int(it->second.size()), it->second.data());
+            ggml_set_name(r, t->name);
+            std::memset(r->data, 0, ggml_nbytes(r));
+            t = r;
+        }
+        gguf_add_tensor(out.get(), t);
+    }
+    const std::string part = dst + ".part";
+    if (!gguf_write_to_file(out.get(), part.c_str(), false)) {
+        std::filesystem::remove(part);
+        throw std::runtime_error("rewrite_gguf: cannot write " + part);
+    }
+    std::filesystem::rename(part, dst);
+}
 
 tiny_config vlm_text_config(const vlm_family & family) {
     tiny_config c;

@@ -20,11 +20,14 @@
 #include "tiny-model.h"
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+struct gguf_context;
 struct mtmd_bitmap;
 
 namespace ecokv::test {
@@ -81,6 +84,11 @@ void write_tiny_mmproj(const std::string & path, const tiny_mmproj_config & c);
 std::vector<std::string> tiny_mmproj_tensor_names(const tiny_mmproj_config & c);
 
 // A unique path under std::filesystem::temp_directory_path(), "<prefix>-<pid>-<counter>.gguf"; nothing is created.
+// Writes a copy of the GGUF file `src` to `dst` through `dst`.part and a rename (so `dst` may be `src`): its keys with
+// `edit` applied, its tensors with those named in `reshape` given the new shapes (zero data).
+void rewrite_gguf(const std::string & src, const std::string & dst, const std::function<void(gguf_context *)> & edit,
+                  const std::map<std::string, std::vector<int64_t>> & reshape = {});
+
 std::string temp_gguf_path(const std::string & prefix = "ecokv-tiny-mmproj");
 
 // RAII: removes the file (if any) at destruction.
