@@ -5,7 +5,8 @@
 
 Reads OUT/{agnostic,prompt}-*/results.jsonl (ecokv eval's records) and writes OUT/equal-memory.md (a table per
 protocol: exact match x100 with its standard error, and the KV entries per head each cell holds), .csv (one row
-per series and point) and .png (one panel per protocol, a curve per series). A compressed cache holds its budget in
+per series and point) and .png (one panel per protocol, a curve per series), and beside each score table the mean
+prefill time (ms): what a smaller image saves besides memory, and eviction does not. A compressed cache holds its budget in
 every KV head (window included; the uniform and SparseMM allocators keep a mean of B per head); the full cache of a
 smaller image holds its whole prompt, the mean of the records' prompt_tokens.
 """
@@ -22,7 +23,7 @@ BOTH = "smaller image + snapkv+ecokv"
 
 
 def series_points(out, mode):
-    """{series: {budget column: (entries per head, score x100, standard error, n)}}."""
+    """{series: {budget column: (entries per head, score x100, standard error, n, mean prefill ms)}}."""
     groups = {}
     for path in sorted(glob.glob(os.path.join(out, f"{mode}-*", "results.jsonl"))):
         run = os.path.basename(os.path.dirname(path))[len(mode) + 1:]
@@ -38,7 +39,8 @@ def series_points(out, mode):
                 name, column = "full cache, native page", 0
             else:
                 name, column = r["method"], r["budget"]
-            g = groups.setdefault(name, {}).setdefault(column, {"scores": [], "entries": []})
+            g = groups.setdefault(name, {}).setdefault(column, {"scores": [], "entries": [], "prefill": []})
+            g["prefill"].append(1000.0 * r.get("prefill_s", math.nan))
             g["scores"].append(100.0 * r["score"])
             g["entries"].append(r["prompt_tokens"] if name.startswith("full") else r["budget"])
     points = {}
@@ -47,26 +49,32 @@ def series_points(out, mode):
             n = len(g["scores"])
             mean = sum(g["scores"]) / n
             sd = math.sqrt(sum((s - mean) ** 2 for s in g["scores"]) / (n - 1)) if n > 1 else 0.0
-            points.setdefault(name, {})[column] = (sum(g["entries"]) / n, mean, sd / math.sqrt(n), n)
+            points.setdefault(name, {})[column] = (sum(g["entries"]) / n, mean, sd / math.sqrt(n), n,
+                                                   sum(g["prefill"]) / n)
     return points
 
 
 def write_table(md, mode, points):
     columns = sorted({c for p in points.values() for c in p if c > 0})
     md.append(f"### {mode} protocol\n")
-    md.append("| series | " + " | ".join(f"B = {c}" for c in columns) + " | native |")
-    md.append("|---|" + "---:|" * (len(columns) + 1))
     order = sorted(points, key=lambda s: (not s.startswith("full"), s == BOTH, s))
+    head = ["| series | " + " | ".join(f"B = {c}" for c in columns) + " | native |", "|---|" + "---:|" * (len(columns) + 1)]
+    md.extend(head)
+    prefill = [f"Prefill of the prompt, ms (mean over items), {mode} protocol:\n"] + head
     for name in order:
-        cells = []
+        cells, times = [], []
         for c in columns + [0]:
             if c in points[name]:
-                entries, score, se, _ = points[name][c]
+                entries, score, se, _, ms = points[name][c]
                 cells.append(f"{score:.1f} ±{se:.1f} ({entries:.0f})")
+                times.append(f"{ms:.1f}")
             else:
                 cells.append("-")
+                times.append("-")
         md.append(f"| {name} | " + " | ".join(cells) + " |")
+        prefill.append(f"| {name} | " + " | ".join(times) + " |")
     md.append("")
+    md.extend(prefill + [""])
 
 
 def main():
@@ -84,8 +92,8 @@ def main():
         data[mode] = series_points(out, mode)
         write_table(md, mode, data[mode])
         for name, p in data[mode].items():
-            for column, (entries, score, se, n) in sorted(p.items()):
-                rows.append([mode, name, column, f"{entries:.1f}", f"{score:.2f}", f"{se:.2f}", n])
+            for column, (entries, score, se, n, ms) in sorted(p.items()):
+                rows.append([mode, name, column, f"{entries:.1f}", f"{score:.2f}", f"{se:.2f}", n, f"{ms:.2f}"])
 
     import matplotlib
 
@@ -121,7 +129,7 @@ def main():
     tmp = os.path.join(out, "equal-memory.csv.tmp")
     with open(tmp, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["protocol", "series", "budget", "kv_entries_per_head", "score", "se", "n"])
+        w.writerow(["protocol", "series", "budget", "kv_entries_per_head", "score", "se", "n", "prefill_ms"])
         w.writerows(rows)
     os.replace(tmp, os.path.join(out, "equal-memory.csv"))
     os.replace(tmp_png, os.path.join(out, "equal-memory.png"))

@@ -24,15 +24,15 @@ def write(out, run, records):
             f.write(json.dumps(r) + "\n")
 
 
-def records(method, budget, scores, prompt_tokens):
-    return [{"id": f"q{i}", "method": method, "budget": budget, "score": s, "prompt_tokens": p}
-            for i, (s, p) in enumerate(zip(scores, prompt_tokens))]
+def records(method, budget, scores, prompt_tokens, prefill_s=(0.01, 0.02, 0.03, 0.04)):
+    return [{"id": f"q{i}", "method": method, "budget": budget, "score": s, "prompt_tokens": p, "prefill_s": t}
+            for i, (s, p, t) in enumerate(zip(scores, prompt_tokens, prefill_s))]
 
 
 with tempfile.TemporaryDirectory() as out:
     write(out, "agnostic-methods", records("full", 0, [1, 1, 1, 0], [505, 509, 513, 517])
           + records("uniform+ecokv", 100, [1, 1, 0, 0], [505, 509, 513, 517]))
-    write(out, "agnostic-image-100", records("full", 100, [1, 0, 0, 0], [90, 95, 96, 99]))
+    write(out, "agnostic-image-100", records("full", 100, [1, 0, 0, 0], [90, 95, 96, 99], [0.002, 0.003, 0.003, 0.004]))
     write(out, "agnostic-both-100", records("uniform+ecokv", 100, [0, 0, 0, 0], [190, 195, 196, 199]))
     r = subprocess.run([sys.executable, SCRIPT, out], capture_output=True, text=True)
     check(r.returncode == 0, f"exit 0 ({r.stderr.strip()})")
@@ -45,7 +45,10 @@ with tempfile.TemporaryDirectory() as out:
     check("| uniform+ecokv | 50.0 ±28.9 (100) | - |" in md, "eviction at 100: 50.0 ±28.9 (100 entries)")
     check("| smaller image + snapkv+ecokv | 0.0 ±0.0 (100) | - |" in md, "both at once: 0.0 (100 entries)")
     csv = open(os.path.join(out, "equal-memory.csv")).read() if r.returncode == 0 else ""
-    check("agnostic,full cache, smaller image,100,95.0,25.00,25.00,4" in csv.replace('"', ""), "the CSV row")
+    check("agnostic,full cache, smaller image,100,95.0,25.00,25.00,4,3.00" in csv.replace('"', ""), "the CSV row")
+    # prefill: (10 + 20 + 30 + 40) / 4 = 25 ms on the native page; (2 + 3 + 3 + 4) / 4 = 3 ms on the smaller image
+    check("| full cache, native page | - | 25.0 |" in md, "the native page's prefill: 25.0 ms")
+    check("| full cache, smaller image | 3.0 | - |" in md, "the smaller image's prefill: 3.0 ms")
     check(os.path.getsize(os.path.join(out, "equal-memory.png")) > 1000 if r.returncode == 0 else False, "a plot")
     check(not [f for f in os.listdir(out) if ".tmp" in f], "no temporary file left")
 
