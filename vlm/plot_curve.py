@@ -26,7 +26,7 @@ def main():
     ax.plot(step, [float(r["loss"]) for r in rows], "o-", label="answer loss (nats/token)")
     if "glyph_loss" in rows[0]:
         ax.plot(step, [float(r["glyph_loss"]) for r in rows], "s-", label="glyph loss")
-    ax.set_xlabel("step (16 images per step)")
+    ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax2 = ax.twinx()
     ax2.plot(step, [100 * float(r["eval_exact"]) for r in rows], "k^-", label="held-out exact match (%)")
@@ -37,7 +37,8 @@ def main():
     lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     ax.legend(lines, [l.get_label() for l in lines], loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3,
               fontsize=8, frameon=False)
-    ax.set_title("tiny VLM: learning curve (128 held-out items, 4-9 fields)")
+    run = os.path.basename(os.path.dirname(os.path.abspath(sys.argv[1])))
+    ax.set_title(f"run {run}: learning curve (exact match on the 128-item held-out watch set)")
     fig.tight_layout()
     tmp = sys.argv[2] + ".tmp.png"
     fig.savefig(tmp, dpi=110)
