@@ -100,7 +100,7 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes) + 2.5, 4), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         for name, p in sorted(data[mode].items()):
             if name == "full cache, native page":
@@ -116,7 +116,7 @@ def main():
         ax.set_ylim(0, 100)
         ax.set_title(f"tiny-qwen2vl, {mode} protocol")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))  # beside the panels: none is empty
     fig.tight_layout()
     files = {"equal-memory.md": "\n".join(md) + "\n"}
     tmp_png = os.path.join(out, "equal-memory.png.tmp.png")
