@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_pages  # noqa: E402
 from gen_docs import CHAR_INDEX  # noqa: E402
 
-SHARES = (1.0, 0.9, 0.75, 0.6, 0.5, 0.35, 0.25)
+SHARES = (1.0, 0.9, 0.75, 0.6, 0.5, 0.35, 0.25, 0.2, 0.1)
 CANDIDATES = sorted(c for c in CHAR_INDEX if c.strip() and len(c) == 1)
 
 
