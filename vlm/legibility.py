@@ -56,8 +56,10 @@ def main():
     ap.add_argument("--seed", type=int, default=231_000)
     ap.add_argument("--noise", type=int, default=2, help="the observed page's extra pixel noise, +-NOISE")
     a = ap.parse_args()
+    if a.pages < 1 or a.glyphs < 1 or a.noise < 0:
+        ap.error("--pages and --glyphs must be at least 1, --noise at least 0")
     if a.seed < 0 or a.seed + a.pages > 250_000:
-        sys.exit("legibility: held-out seeds only (below 250,000)")
+        ap.error("held-out seeds only (below 250,000): --seed + --pages must not pass it")
     right = {s: 0 for s in SHARES}
     total = 0
     for seed in range(a.seed, a.seed + a.pages):

@@ -720,7 +720,11 @@ void rewrite_gguf(const std::string & src, const std::string & dst, const std::f
     }
     size_t reshaped_bytes = ggml_tensor_overhead() * (reshape.size() + 1);
     for (const auto & [name, shape] : reshape) {
-        size_t n = ggml_type_size(ggml_get_tensor(data, name.c_str())->type);
+        const ggml_tensor * t = ggml_get_tensor(data, name.c_str());
+        if (t == nullptr) {
+            throw std::runtime_error("rewrite_gguf: " + src + " has no tensor '" + name + "' to reshape");
+        }
+        size_t n = ggml_type_size(t->type);
         for (const int64_t d : shape) {
             n *= size_t(d);
         }
