@@ -18,6 +18,9 @@ import legibility  # noqa: E402
 
 seed = 7  # a held-out QA seed
 grid, img, boxes = legibility.page(seed)
+import gen_pages  # noqa: E402
+native = gen_pages.item(seed, "qa")
+check(np.array_equal(img, native["images"][0]) and grid == native["grids"][0], "page() draws the generator's page")
 for k in (0, len(boxes) // 2, len(boxes) - 1):
     r, c, y, x = boxes[k]
     outside_ok, changed = True, 0
