@@ -343,7 +343,7 @@ void decode_full(el::sequence & seq, const options & o, phase_meter & pm, full_r
 
 void decode_compressed(const el::session & s, config_result & c, const options & o) {
     reset_peak();
-    el::sequence     seq = s.resume(c.snap, o.n_decode);
+    el::sequence     seq = s.resume(c.snap, ecokv::compression::none(), o.n_decode);
     const decode_run run = timed_decode(seq, o.n_decode, o.threads);
     c.decode_s.push_back(sum(run.steps));
     c.decode_steps.insert(c.decode_steps.end(), run.steps.begin(), run.steps.end());

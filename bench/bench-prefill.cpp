@@ -4,7 +4,7 @@
 // applies to it alone:
 //   full      prefill of the whole prompt, uncompressed (the baseline of prefill tokens/s);
 //   one-shot  the same prefill, then compression in place to --budget with --method (the full cache exists first);
-//   chunked   session::prefill_chunked: --chunk cells at a time, compressed back to the budget after every chunk.
+//   chunked   session::prefill with compression.chunk: --chunk cells at a time, compressed back to the budget after every chunk.
 // Then --n-decode greedy tokens, so that the cache is shown usable. The model is the random-weight one of
 // bench-decode (Qwen2-VL-2B's text geometry by default, bench-common.h); the prompt is random token ids. Prints a
 // table, or one JSON object with --json. bench/bench-prefill.sh runs the modes side by side at 2k, 8k and 32k
@@ -87,23 +87,17 @@ el::sequence prefill(const el::session & s, const options & o, phase_meter & pm,
     progress("[2/3] %s prefill of %d tokens\n", o.mode.c_str(), o.n_tokens);
     const double cpu0 = cpu_seconds();
     const auto   w0   = clock_type::now();
-    pm.begin(o.mode == "chunked" ? "chunked prefill (decode + compress per chunk)" : "prefill");
-    std::optional<el::sequence> seq;
-    if (o.mode == "chunked") {
-        seq.emplace(s.prefill_chunked(p, o.c.chunk, o.c.spec, o.c.params, o.n_decode + 1));
-    } else {
-        seq.emplace(s.prefill(p, o.n_decode + 1, o.mode == "full" ? ecokv::method_requirements{}
-                                                              : ecokv::requirements(o.c.spec, o.c.params)));
-    }
-    phase ph = pm.end();
-    if (o.mode == "one-shot") {
-        pm.begin("compress in place");
-        seq->compress_in_place(o.c.spec, o.c.params);
-        ph = pm.end();
-    }
+    // The mode's compression applied by the session's one entry: none, one shot then in place, or chunk by chunk.
+    ecokv::compression c = o.mode == "full" ? ecokv::compression::none() : o.c;
+    c.chunk              = o.mode == "chunked" ? o.c.chunk : 0;
+    pm.begin(o.mode == "chunked" ? "chunked prefill (decode + compress per chunk)"
+             : o.mode == "full"  ? "prefill"
+                                 : "prefill, then compress in place");
+    el::sequence seq = s.prefill(p, c, o.n_decode + 1);
+    const phase  ph  = pm.end();
     cpu_share = (cpu_seconds() - cpu0) / (seconds_since(w0) * o.threads);
     progress("  %.1f s, RSS %.0f MiB\n", seconds_since(w0), kib_to_mib(ph.rss_kib));
-    return std::move(*seq);
+    return seq;
 }
 
 json make_report(const options & o, const model_info & mi, const el::sequence & seq, const phase_meter & pm,

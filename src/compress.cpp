@@ -40,7 +40,8 @@ class run {
         params.validate(n_window_);
         cap.validate();
         if ((needs_ & stat_window_attention) && n_window_ > cap.n_queries) {
-            ECOKV_THROW("--window %d exceeds the %d window queries the capture holds", n_window_, cap.n_queries);
+            ECOKV_THROW("%s %d exceeds the %d window queries the capture holds", option_name("window").c_str(),
+                        n_window_, cap.n_queries);
         }
         if ((needs_ & stat_accum_attention) && !cap.has_full_queries()) {
             ECOKV_THROW("method %s needs the queries of every prompt token; capture with --full-queries",

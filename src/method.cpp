@@ -1,8 +1,6 @@
 // The ALLOCATOR+SCORER grammar (SPEC §6), what a method requires, and the method list (ranges: options.cpp).
 #include "ecokv/method.h"
 
-#include "ecokv/options.h"
-
 #include "impl.h"
 #include "method-impl.h"
 
@@ -70,16 +68,17 @@ method_requirements requirements(const method_spec & spec, const method_params &
 void check_chunk(const method_spec & spec, const method_params & params, int32_t n_chunk) {
     const method_requirements needs = requirements(spec, params);
     if (n_chunk <= needs.n_window_queries) {
-        throw option_error("chunk", detail::format("--chunk %d must be larger than the window of %d", n_chunk,
-                                                   needs.n_window_queries));
+        throw option_error("chunk", detail::format("%s %d must be larger than the window of %d",
+                                                   option_name("chunk").c_str(), n_chunk, needs.n_window_queries));
     }
 }
 
 void check_recompression(const method_spec & spec, const method_params & params, int32_t every) {
     const method_requirements needs = requirements(spec, params);
     if (every > 0 && every <= needs.n_window_queries) {
-        throw option_error("decode_compress", detail::format("--decode-compress %d must be larger than the window of %d", every,
-                                               needs.n_window_queries));
+        throw option_error("decode_compress", detail::format("%s %d must be larger than the window of %d",
+                                                             option_name("decode_compress").c_str(), every,
+                                                             needs.n_window_queries));
     }
 }
 

@@ -246,6 +246,8 @@ std::string option_spec::flag() const {
 
 std::span<const option_info> compression_options() { return table(); }
 
+std::string option_name(std::string_view key) { return name_of(find_option(key)); }
+
 const option_info & find_option(std::string_view key) {
     for (const option_info & o : table()) {
         if (key == o.key || key == o.flag()) {
@@ -350,14 +352,17 @@ void method_params::validate(int32_t n_window) const {
         }
     }
     if (n_window < 1) {
-        throw option_error("window", detail::format("--window %d must be at least 1", n_window));
+        throw option_error("window",
+                           detail::format("%s %d must be at least 1", option_name("window").c_str(), n_window));
     }
     if (budget <= n_window) {
-        throw option_error("budget", detail::format("--budget %d must be larger than --window %d (the budget includes "
-                                                    "the window)", budget, n_window));
+        throw option_error("budget", detail::format("%s %d must be larger than %s %d (the budget includes the window)",
+                                                    option_name("budget").c_str(), budget,
+                                                    option_name("window").c_str(), n_window));
     }
     if (kernel % 2 == 0) {
-        throw option_error("kernel", detail::format("--kernel %d must be a positive odd number", kernel));
+        throw option_error("kernel", detail::format("%s %d must be a positive odd number",
+                                                    option_name("kernel").c_str(), kernel));
     }
 }
 

@@ -3,6 +3,7 @@
 #include "devices.h"
 
 #include "ecokv/error.h"
+#include "ecokv/llama-options.h"
 
 #include <sstream>
 
@@ -51,7 +52,7 @@ std::vector<ggml_backend_dev_t> offload_devices(const session_options & o) {
     for (std::string name; std::getline(in, name, ',');) {
         ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
         if (name.empty() || dev == nullptr || !is_gpu(dev)) {
-            throw error("--device " + o.devices + ": no device '" + name + "'; " + known_devices());
+            throw error(engine_option_name("device") + " " + o.devices + ": no device '" + name + "'; " + known_devices());
         }
         out.push_back(dev);
     }

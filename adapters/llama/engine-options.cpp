@@ -152,6 +152,8 @@ void set_engine_option(session_options & o, std::string_view key, const option_v
     r.set(r, o, checked_value(r, value));
 }
 
+std::string engine_option_name(std::string_view key) { return "--" + find(key).flag(); }
+
 option_value get_engine_option(const session_options & o, std::string_view key) {
     const engine_option & r = find(key);
     return r.get(r, o);

@@ -52,16 +52,14 @@ class llama_engine final : public eval_engine {
         return a;
     }
 
-    // With decode_compress the answer compresses again as it goes, from a prefill of its own that keeps the window's
-    // queries (one chunk unless chunked); each step's cache then depends on the tokens picked before, so no teacher-
-    // forced fidelity is measured.
+    // From the shared prefill where the compression can be made from it (compressible_by_copy), else from a prefill of
+    // its own (chunked; or compressing again as it answers, which keeps the window's queries). Each step's cache of a
+    // re-compressing answer depends on the tokens picked before, so no teacher-forced fidelity is measured.
     eval_answer answer_compressed(const compression & how) override {
         const bool       again = how.decode_compress > 0;
-        const int32_t    chunk = how.chunk > 0 ? how.chunk : again ? prompt_->n_cells() : 0;
-        sequence         c = chunk > 0 ? s_.prefill_chunked(*prompt_, chunk, how.spec, how.params, n_extra_)
-                                       : full_->compress(how.spec, how.params, n_extra_, true);
-        const generation g = again ? c.answer_compressing(question_, n_predict_, how.decode_compress, how.spec, how.params)
-                                   : c.answer(question_, n_predict_);
+        sequence         c     = compressible_by_copy(how) ? full_->compress(how.spec, how.params, n_extra_, true)
+                                                           : s_.prefill(*prompt_, how, n_extra_);
+        const generation g     = c.answer(question_, n_predict_);
         fidelity_report  f;
         if (!again) {
             c.rewind();
@@ -84,8 +82,7 @@ class llama_engine final : public eval_engine {
                                     int32_t n_predict) override {
         full_.reset();  // the single-question state is the next prefill's
         prompt_.reset();
-        const bool again = c != nullptr && c->recompress_slack >= 0;
-        const method_requirements needs = c ? requirements(c->spec, c->params) : method_requirements{};
+        const compression how = c ? *c : compression::none();
         std::vector<chat_message> messages;
         std::vector<eval_turn>    out;
         std::optional<sequence>   seq;
@@ -105,28 +102,20 @@ class llama_engine final : public eval_engine {
                 const prompt before = s_.make_prompt(s_.split_prompt(context).context, turns[0].images);
                 from = size_t(std::mismatch(before.units().begin(), before.units().end(), p.units().begin(),
                                             p.units().end()).first - before.units().begin());
-                const int32_t n_extra = p.n_cells() - p.cells_before(from) + n_predict;
-                seq.emplace(s_.prefill(p, n_extra, needs, from));
+                seq.emplace(s_.prefill(p, how, n_predict, from));
                 t.prefill.image_tokens  = seq->n_media();
-                t.prefill.kv_bytes_full = seq->kv_bytes_allocated();
-                if (c) {
-                    seq->compress_in_place(c->spec, c->params);
-                    t.answer.compress_s = seq->compression().select_seconds + seq->compression().rebuild_seconds;
-                    if (again) {
-                        seq->record_queries();
-                    }
-                }
+                t.prefill.kv_bytes_full = seq->kv_bytes_prefilled();
+                t.answer.compress_s     = seq->compression().select_seconds + seq->compression().rebuild_seconds;
+                seq->append(p, from);
             } else {  // the kept conversation, resumed; only the new units decoded
                 from = held.size();
                 if (p.units().size() <= from || !std::equal(held.begin(), held.end(), p.units().begin())) {
                     throw error("the chat template does not extend the conversation at turn " + std::to_string(k + 1) +
                                 ": --turns needs each prompt to begin with the one before and its answer");
                 }
-                seq.emplace(s_.resume(*kept, p.n_cells() - p.cells_before(from) + n_predict, false,
-                                      again && !kept->layout.empty() ? needs : method_requirements{}));
+                seq.emplace(s_.resume(*kept, how, p.n_cells() - p.cells_before(from) + n_predict));
+                seq->append(p, from);
             }
-            const int32_t turn_cells = p.n_cells() - p.cells_before(from);
-            seq->append(p, from);
             t.prefill.prompt_tokens     = p.n_cells();
             t.prefill.prefill_s         = seconds_since(t0);
             t.prefill.kv_bytes_per_cell = seq->kv_bytes_per_cell();
@@ -139,16 +128,13 @@ class llama_engine final : public eval_engine {
             t.answer.output   = s_.detokenize(answer);
             t.answer.decode_s = g.seconds;
             t.answer.n_tokens = int32_t(g.tokens.size());
-            if (again) {
-                const auto t1 = std::chrono::steady_clock::now();
-                seq->recompress(c->spec, c->params, turn_cells + int32_t(n_decoded), c->recompress_slack, 1);
-                t.answer.compress_s += seconds_since(t1);
-            }
+            const auto t1 = std::chrono::steady_clock::now();
+            seq->end_turn();  // compressed again over budget + recompress_slack
+            t.answer.compress_s += seconds_since(t1);
             t.answer.kv_bytes      = seq->kv_bytes_allocated();
-            t.answer.kv_bytes_kept = seq->kv_bytes_kept() + uint64_t(seq->n_decoded()) * seq->kv_bytes_per_cell();
-            if (!c) {
-                t.answer.kv_bytes_kept = uint64_t(seq->n_held()) * seq->kv_bytes_per_cell();
-            }
+            t.answer.kv_bytes_kept = seq->kept_cells().empty()  // uncompressed: every cell held
+                                         ? uint64_t(seq->n_held()) * seq->kv_bytes_per_cell()
+                                         : seq->kv_bytes_kept() + uint64_t(seq->n_decoded()) * seq->kv_bytes_per_cell();
             t.answer.entries_held  = seq->n_held();
             held.assign(p.units().begin(), p.units().end());
             held.insert(held.end(), g.tokens.begin(), g.tokens.begin() + ptrdiff_t(n_decoded));

@@ -1,5 +1,5 @@
-// ecokv-llama internals: the KV stores of a llama.cpp context (llama_kv_store, patches/llama.cpp), read in place, and
-// the ragged cache a compression builds from them (llama_kv_set_ragged).
+// ecokv-llama internals: the KV stores of a llama.cpp context (llama_kv_store, patches/llama.cpp), read in place
+// (kv-store.cpp), and the ragged cache a compression builds from them (llama_kv_set_ragged; ragged-store.cpp).
 #pragma once
 
 #include "ecokv/llama-adapter.h"
@@ -16,6 +16,10 @@ namespace ecokv::llama {
 // compress, a quantized V without flash attention (llama.cpp's rule), rows that are not whole blocks of the type
 // (head_dim a multiple of its block size). Throws ecokv::error naming the option.
 void check_cache_types(const llama_model * model, const session_options & o);
+
+// Model layer il's K store (v false) or V store, as llama.cpp holds it (llama_kv_store). Throws ecokv::error where the
+// memory is not a plain KV cache with K and V in every layer (SWA, hybrid or MLA).
+ggml_tensor * layer_store(const llama_context * ctx, int32_t il, bool v);
 
 // The model layers a compression handles, in order: every layer of a plain KV cache; the global layers of an iSWA
 // memory (Gemma 3), whose sliding-window layers keep llama.cpp's own cache, bounded by their window. A selection's

@@ -137,6 +137,7 @@ void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool 
     }
     const llama_pos start      = n_past;
     const size_t    decoded    = decoded_modality.size();
+    const int32_t   turn       = turn_cells;
     bool            image_last = false;
     try {
         size_t unit = 0;
@@ -179,6 +180,7 @@ void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool 
         llama_memory_seq_rm(llama_get_memory(ctx.get()), 0, start, -1);
         n_past = start;
         decoded_modality.resize(decoded);
+        turn_cells = turn;
         throw;
     }
 }
@@ -221,7 +223,8 @@ sequence session::prefill_units(const prompt & p, size_t n_units, int32_t n_extr
         q->capture->expect_tokens(n_cells);
         q->values = needs.values;
     }
-    q->ctx = new_context(model(), pp);
+    q->ctx             = new_context(model(), pp);
+    q->prefilled_bytes = llama::kv_bytes_allocated(q->ctx.get());
 
     const auto           t0 = std::chrono::steady_clock::now();
     const prompt::impl & in = *p.impl_;
@@ -231,6 +234,7 @@ sequence session::prefill_units(const prompt & p, size_t n_units, int32_t n_extr
         q->capture->set_active(false);
     }
     q->prefilled     = true;
+    q->turn_cells    = 0;  // the prompt is no turn's: prefill(p, c, ...) decodes the question after it
     q->origin_n_past = q->n_past;
     q->origin_logits = q->logits;
     q->mark_origin();
@@ -255,6 +259,9 @@ int32_t                    sequence::n_prompt() const { return impl_->n_prompt; 
 int32_t                    sequence::n_media() const { return impl_->n_media; }
 const std::vector<uint8_t> & sequence::modality() const { return impl_->modality; }
 double                     sequence::prefill_seconds() const { return impl_->prefill_s; }
+uint64_t                   sequence::kv_bytes_prefilled() const { return impl_->prefilled_bytes; }
+const ecokv::compression & sequence::held_compression() const { return impl_->how; }
+int32_t                    sequence::n_recompressions() const { return impl_->n_again; }
 const compression_info &   sequence::compression() const { return impl_->comp; }
 
 uint64_t sequence::kv_bytes_per_cell() const { return llama::kv_bytes_per_cell(impl_->ctx.get()); }
@@ -270,15 +277,8 @@ const capture_view & sequence::capture() const { return impl_->prefill().view();
 
 void sequence::release_capture() { impl_->state.reset(); }
 
-void sequence::check_window(const method_spec & spec, const method_params & params) const {
-    if (const int32_t window = method_window(spec, params); impl_->n_prompt <= window) {
-        throw error("the prompt has " + std::to_string(impl_->n_prompt) + (impl_->n_prompt == 1 ? " token" : " tokens") +
-                    "; " + spec.name() + " needs more than its observation window of " + std::to_string(window));
-    }
-}
-
 sequence sequence::compress(const method_spec & spec, const method_params & params, int32_t n_extra, bool probe) const {
-    check_window(spec, params);
+    check_prompt_window(impl_->n_prompt, { true, spec, params });
     const prefill_state &          st = impl_->prefill();
     std::unique_ptr<query_capture> observer;
     if (probe) {
@@ -303,7 +303,7 @@ sequence sequence::compress(const method_spec & spec, const method_params & para
 }
 
 void sequence::compress_in_place(const method_spec & spec, const method_params & params) {
-    check_window(spec, params);
+    check_prompt_window(impl_->n_prompt, { true, spec, params });
     const uint64_t   before = kv_bytes_allocated();
     const bool       fresh  = impl_->rebuilds_in_new_context();  // the capture moves with the kept entries
     compressed_cache cc     = impl_->compress(impl_->prefill(), spec, params, impl_->n_extra,
@@ -317,13 +317,15 @@ const std::vector<std::vector<int32_t>> & sequence::kept_cells() const { return 
 int32_t                                   sequence::peak_kv_cells() const { return impl_->peak_cells; }
 uint64_t                                  sequence::peak_kv_bytes() const { return impl_->peak_bytes; }
 
-void sequence::decode(const std::vector<llama_token> & tokens) { impl_->decode(tokens); }
+void sequence::decode(const std::vector<llama_token> & tokens) { impl_->decode_turn(tokens); }
 
 void sequence::append(const prompt & p, size_t from) {
     if (from > p.units().size()) {
         throw error("append: the prompt has " + std::to_string(p.units().size()) + " units, not " + std::to_string(from));
     }
-    impl_->eval(*p.impl_, from, p.units().size());
+    if (from < p.units().size()) {  // nothing left to append is no decode
+        impl_->eval(*p.impl_, from, p.units().size());
+    }
 }
 
 generation sequence::greedy(int32_t n, bool keep_logits) {
@@ -332,7 +334,10 @@ generation sequence::greedy(int32_t n, bool keep_logits) {
 
 generation sequence::answer(const std::vector<llama_token> & question, int32_t n, bool keep_logits) {
     if (!question.empty()) {
-        impl_->decode(question);
+        impl_->decode_turn(question);
+    }
+    if (impl_->compresses_while_decoding()) {  // token by token, each decode compressing again when due
+        return impl_->greedy_turn(n, keep_logits);
     }
     generation g = impl_->steps(nullptr, [&](const step_hook &) {
         return llama::greedy(impl_->ctx.get(), impl_->logits, impl_->n_past, n, keep_logits);
@@ -367,7 +372,10 @@ fidelity_report sequence::fidelity(const std::vector<llama_token> & question, co
     return { f.agreement, f.mean_kl, f.n, attention_error(full.attention, attention) };
 }
 
-void sequence::impl::mark_origin() { origin_window = read_window(ctx.get()); }
+void sequence::impl::mark_origin() {
+    origin_window     = read_window(ctx.get());
+    origin_turn_cells = turn_cells;
+}
 
 void sequence::rewind() {
     if (!llama_memory_seq_rm(llama_get_memory(impl_->ctx.get()), 0, impl_->origin_n_past, -1)) {
@@ -376,6 +384,7 @@ void sequence::rewind() {
     write_window(impl_->ctx.get(), impl_->origin_window);
     impl_->n_past     = impl_->origin_n_past;
     impl_->decoded_modality.resize(impl_->origin_decoded);
+    impl_->turn_cells = impl_->origin_turn_cells;
     impl_->logits     = impl_->origin_logits;
     impl_->own_logits = impl_->origin_own;
 }

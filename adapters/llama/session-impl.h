@@ -97,6 +97,13 @@ struct sequence::impl {
     int32_t              n_prompt = 0, n_media = 0;
     std::vector<uint8_t> modality;
     double               prefill_s = 0;
+    uint64_t             prefilled_bytes = 0;  // KV bytes of the prefill's context, before any compression
+
+    // The compression the sequence holds (session::prefill or resume with one), the compressions it made since the
+    // first, and the cells decoded since its turn began (a question's and an answer's; at the origin too).
+    ecokv::compression   how = ecokv::compression::none();
+    int32_t              n_again    = 0;
+    int32_t              turn_cells = 0, origin_turn_cells = 0;
     // Where rewind() comes back to: after the prompt, the compression or the restored snapshot. A compressed
     // sequence starts from the prompt's, whatever the full one decoded since.
     llama_pos            origin_n_past = 0;
@@ -152,6 +159,7 @@ struct sequence::impl {
 
     // n cells of `m` decoded (compressed sequences count them for reselect).
     void note_decoded(size_t n, uint8_t m = 0) {
+        turn_cells += int32_t(n);
         if (!layout.empty()) {
             decoded_modality.insert(decoded_modality.end(), n, m);
         }
@@ -175,6 +183,16 @@ struct sequence::impl {
     }
 
     void decode(const std::vector<llama_token> & tokens);
+    // decode() of a turn: compressed again first when the held compression's decode_compress is due (the one place
+    // that rule lives; sequence::decode and answers go through it).
+    void decode_turn(const std::vector<llama_token> & tokens);
+    // sequence::recompress() whatever the entries held: compresses again over what each head keeps and the cells decoded
+    // since, the last n_keep of them kept whole, with room for n_room. Returns false, compressing nothing, while those
+    // cells do not outnumber the window or their window's queries are not all recorded (right after a resume).
+    bool compress_again(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t n_room);
+    // Greedy decoding of up to n tokens through decode_turn (answer() of a sequence that compresses while decoding).
+    generation greedy_turn(int32_t n, bool keep_logits);
+    bool compresses_while_decoding() const { return how.enabled && how.decode_compress > 0 && !layout.empty(); }
 
     // Decodes units [from, to) of `in` at n_past: text tokens in batches, images encoded and decoded by libmtmd.
     // Units ending with an image leave no logits (libmtmd computes none): an error unless `may_end_with_image`

@@ -3,6 +3,7 @@
 // (prompt.cpp, sequence.cpp, chunked-prefill.cpp, snapshot.cpp) around the state they share (session-impl.h).
 #include "devices.h"
 #include "ecokv/error.h"
+#include "ecokv/llama-options.h"
 #include "gguf-check.h"
 #include "kv-store.h"
 #include "session-impl.h"
@@ -143,7 +144,7 @@ int32_t                 session::n_ctx() const { return impl_->opts.n_ctx > 0 ? 
 void check_fits(const session & s, int64_t n_cells, int32_t n_extra) {
     if (n_cells + n_extra > s.n_ctx()) {
         throw error("prompt of " + std::to_string(n_cells) + " tokens plus " + std::to_string(n_extra) +
-                    " new ones exceeds " + (s.options().n_ctx > 0 ? "--ctx-size " : "the model's context of ") +
+                    " new ones exceeds " + (s.options().n_ctx > 0 ? engine_option_name("ctx_size") + " " : "the model's context of ") +
                     std::to_string(s.n_ctx()));
     }
 }

@@ -44,7 +44,10 @@ void write_state(llama_context * ctx, const snapshot & s, int32_t n_room) {
 
 }  // namespace
 
-sequence session::resume(const snapshot & s, int32_t n_extra, bool probe, const method_requirements & record) const {
+sequence session::resume(const snapshot & s, const compression & c, int32_t n_extra, bool probe) const {
+    // A compressed conversation that compresses again records its window's queries.
+    const bool again = c.enabled && (c.decode_compress > 0 || c.recompress_slack >= 0) && !s.layout.empty();
+    const method_requirements record = again ? requirements(c.spec, c.params) : method_requirements{};
     const int32_t n_window_queries = record.n_window_queries;
     auto q            = std::make_unique<sequence::impl>();
     q->s              = impl_.get();
@@ -53,6 +56,7 @@ sequence session::resume(const snapshot & s, int32_t n_extra, bool probe, const 
     q->n_cells        = s.n_cells;
     q->n_extra        = n_extra;
     q->kv_kept        = s.kv_bytes_kept;
+    q->how            = c;
     llama_context_params cp = q->cparams;
     if (probe || n_window_queries > 0) {
         q->capture = std::make_unique<query_capture>(model(), std::max(1, n_window_queries), record.full_queries);
@@ -129,6 +133,7 @@ void sequence::restore(const snapshot & s) {
     impl_->logits         = impl_->origin_logits = s.logits;
     impl_->own_logits     = impl_->origin_own = s.own_logits;
     impl_->n_past         = impl_->origin_n_past = s.n_past;
+    impl_->turn_cells     = 0;  // a resumed conversation's next turn begins here
     impl_->mark_origin();
 }
 

@@ -1,8 +1,11 @@
-// ecokv: the one exception type of the library.
+// ecokv: the exception type of the library (error), the kinds of it a caller tells apart, and how messages name an
+// option.
 #pragma once
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 
 namespace ecokv {
 
@@ -19,5 +22,18 @@ class non_finite_error : public error {
   public:
     using error::error;
 };
+
+// An option that is wrong: `key` is its table key (ecokv/options.h); what() spells it as the command line does
+// ("--budget 4 must be larger than --window 4 ..."), so that a front end with other spellings
+// (kv_compression.budget) can name it.
+class option_error : public error {
+  public:
+    option_error(std::string key, const std::string & message) : error(message), key(std::move(key)) {}
+    std::string key;
+};
+
+// How messages name the option of table key `key`: "--budget", the row's flag, from the option table (so that the
+// core names an option by its row, never by a spelling of its own). Throws option_error for an unknown key.
+std::string option_name(std::string_view key);
 
 }  // namespace ecokv

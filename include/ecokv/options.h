@@ -46,13 +46,7 @@ struct compression {
 compression compression_named(std::string_view name, compression base = {});
 bool        is_full_cache(std::string_view name);
 
-// An option that is wrong: `key` is its table key; what() spells it as the command line does ("--budget 4 must be
-// larger than --window 4 ..."), so that a front end with other spellings (kv_compression.budget) can name it.
-class option_error : public error {
-  public:
-    option_error(std::string key, const std::string & message) : error(message), key(std::move(key)) {}
-    std::string key;
-};
+// option_error (an option that is wrong, by its table key) and option_name() are in ecokv/error.h.
 
 enum class option_kind {
     integer,  // whole number within [lo, hi]

@@ -162,11 +162,13 @@ TEST(quantized_kv_memory, chunked_prefill_and_snapshots_keep_the_type) {
     const el::session  s(*m.get(), options(t));
     const auto         tokens = prompt_tokens(300, m.config().n_vocab, 34);
     const auto         spec   = ecokv::parse_method("adakv+ecokv");
-    el::sequence       seq    = s.prefill_chunked(s.make_prompt(tokens), 64, spec, budget(24, 4), 8);
+    ecokv::compression c      = { true, spec, budget(24, 4) };
+    c.chunk                   = 64;
+    el::sequence       seq    = s.prefill(s.make_prompt(tokens), c, 8);
     EXPECT_EQ(seq.peak_kv_cells(), 256);
     const el::snapshot snap = seq.save();
     auto               want = seq.answer({ 7, 8 }, 5, true);
-    el::sequence       moved = s.resume(snap, 8);
+    el::sequence       moved = s.resume(snap, ecokv::compression::none(), 8);
     const auto         got   = moved.answer({ 7, 8 }, 5, true);
     EXPECT_EQ(got.tokens, want.tokens);
     for (size_t i = 0; i < want.logits.size(); ++i) {

@@ -246,14 +246,14 @@ TEST(session, an_iswa_model_keeps_its_window_through_chunks_rewind_and_snapshots
     for (size_t i = 0; i < again.logits.size(); ++i) {
         EXPECT_EQ(again.logits[i], first.logits[i]) << "step " << i;
     }
-    el::sequence moved = s.resume(origin, 16);
+    el::sequence moved = s.resume(origin, ecokv::compression::none(), 16);
     const auto   there = moved.answer({ 3, 4 }, 6, true);
     for (size_t i = 0; i < there.logits.size(); ++i) {
         EXPECT_LT(rel_diff(there.logits[i], first.logits[i]), 1e-6) << "step " << i;
     }
 }
 
-// An answer that re-compresses every 12 decoded cells (answer_compressing) is a chunked prefill of what it decodes:
+// An answer that re-compresses every 12 decoded cells (decode_compress) is a chunked prefill of what it decodes:
 // after 20 greedy tokens (19 decoded: cells 40..58) the cache was compressed after the prompt and once more after
 // cells 40..51, and the last logits are the reference's where the cells 52..58 see what that compression kept plus
 // themselves. The kept cells number the decoded ones on from the prompt's; the room never grows.
@@ -264,10 +264,11 @@ TEST(session, a_re_compressing_answer_attends_to_what_each_step_kept) {
     for (const char * name : { "snapkv+ecokv", "adakv+ecokv", "h2o" }) {
         const ecokv::method_spec   spec = ecokv::parse_method(name);
         const ecokv::method_params par  = budget(16, 4);
-        el::sequence               seq  = f.s.prefill(p, 24, ecokv::requirements(spec, par));
-        seq.compress_in_place(spec, par);
+        ecokv::compression         c    = { true, spec, par };
+        c.decode_compress                                   = 12;
+        el::sequence                                   seq  = f.s.prefill(p, c, 24);
         std::vector<std::vector<std::vector<int32_t>>> kept = { seq.kept_cells() };
-        const el::generation                           gen  = seq.answer_compressing({}, 20, 12, spec, par);
+        const el::generation                           gen  = seq.answer({}, 20);
         ASSERT_EQ(gen.tokens.size(), 20u) << name << ": no end-of-generation token on this seed";
         kept.push_back(seq.kept_cells());
         std::vector<int32_t> all = tokens;
@@ -295,26 +296,18 @@ TEST(session, a_re_compressing_answer_attends_to_what_each_step_kept) {
     }
 }
 
-// What a re-compressing answer needs: a compressed sequence with its capture, a method without every query, a period
-// larger than the window and within the room.
+// A re-compressing answer needs a period larger than the window.
 TEST(session, a_re_compressing_answer_refuses_what_it_cannot_do) {
-    const fixture              f;
-    const auto                 p    = f.s.make_prompt(prompt_tokens(40, f.m.config().n_vocab, 24));
-    const ecokv::method_spec   spec = ecokv::parse_method("snapkv");
-    const ecokv::method_params par  = budget(16, 4);
-    el::sequence               full = f.s.prefill(p, 24, ecokv::requirements(spec, par));
-    const auto                 message = [&](el::sequence & s, int32_t every, const char * method) {
-        try {
-            s.answer_compressing({}, 8, every, ecokv::parse_method(method), par);
-        } catch (const ecokv::error & e) {
-            return std::string(e.what());
-        }
-        return std::string("no error");
-    };
-    EXPECT_NE(message(full, 12, "snapkv").find("must be compressed with its query capture"), std::string::npos);
-    full.compress_in_place(spec, par);
-    EXPECT_EQ(message(full, 4, "snapkv"), "--decode-compress 4 must be larger than the window of 4");
-    EXPECT_NE(message(full, 25, "snapkv").find("fit the room of 24"), std::string::npos);
+    const fixture      f;
+    const auto         p = f.s.make_prompt(prompt_tokens(40, f.m.config().n_vocab, 24));
+    ecokv::compression c = { true, ecokv::parse_method("snapkv"), budget(16, 4) };
+    c.decode_compress    = 4;
+    try {
+        f.s.prefill(p, c, 24);
+        ADD_FAILURE() << "no error";
+    } catch (const ecokv::error & e) {
+        EXPECT_EQ(std::string(e.what()), "--decode-compress 4 must be larger than the window of 4");
+    }
 }
 
 // Streaming H2O through the engine: a chunked prefill whose first chunk (60 cells) is kept whole by a budget of 64,
@@ -328,7 +321,9 @@ TEST(session, h2o_streams_its_accumulated_attention_across_chunks) {
     const ecokv::method_params par  = budget(64, 4);
     el::sequence               one  = f.s.prefill(p, 8, ecokv::requirements(spec, par));
     one.compress_in_place(spec, par);
-    el::sequence chunked = f.s.prefill_chunked(p, 60, spec, par, 8);
+    ecokv::compression c = { true, spec, par };
+    c.chunk              = 60;
+    el::sequence chunked = f.s.prefill(p, c, 8);
     EXPECT_EQ(chunked.kept_cells(), one.kept_cells());
     for (const auto & h : one.kept_cells()) {
         EXPECT_EQ(h.size(), 64u);
@@ -348,9 +343,9 @@ TEST(session, a_conversation_compresses_again_with_its_last_turn_whole) {
     for (const char * name : { "snapkv+ecokv", "adakv+ecokv", "h2o" }) {
         const ecokv::method_spec   spec = ecokv::parse_method(name);
         const ecokv::method_params par  = budget(16, 4);
-        el::sequence               first = f.s.prefill(p, 24, ecokv::requirements(spec, par));
-        first.compress_in_place(spec, par);
-        first.record_queries();
+        ecokv::compression         c     = { true, spec, par };
+        c.recompress_slack                 = 4;  // compressed again between turns: the window's queries recorded
+        el::sequence               first = f.s.prefill(p, c, 24);
         std::vector<std::vector<std::vector<int32_t>>> kept = { first.kept_cells() };
         std::vector<int32_t>                           all  = tokens;
         const auto turn = [&](el::sequence & s, const std::vector<int32_t> & message) {
@@ -360,8 +355,20 @@ TEST(session, a_conversation_compresses_again_with_its_last_turn_whole) {
             all.insert(all.end(), g.tokens.begin(), g.tokens.end() - 1);  // the last token picked is not decoded
         };
         turn(first, prompt_tokens(6, f.m.config().n_vocab, 26));
-        EXPECT_FALSE(first.recompress(spec, par, 13, 4, 18)) << "16 entries besides the turn: within the slack";
-        el::sequence seq = f.s.resume(first.save(), 18, false, ecokv::requirements(spec, par));
+        EXPECT_FALSE(first.end_turn()) << "16 entries besides the turn's 13 cells: within the slack";
+        {  // with no slack, the end of the turn compresses again, the turn's 6 + 7 cells whole in every head
+            ecokv::compression tight = c;
+            tight.recompress_slack   = 0;
+            el::sequence other       = f.s.resume(first.save(), tight, 18);
+            other.answer(prompt_tokens(6, f.m.config().n_vocab, 29), 8);
+            EXPECT_TRUE(other.end_turn()) << name;
+            EXPECT_EQ(other.n_recompressions(), 1) << name;
+            for (const auto & h : other.kept_cells()) {
+                ASSERT_GE(h.size(), 13u) << name;
+                EXPECT_EQ(h[h.size() - 13], h.back() - 12) << name << ": the last 13 cells kept whole";
+            }
+        }
+        el::sequence seq = f.s.resume(first.save(), c, 18);
         turn(seq, prompt_tokens(10, f.m.config().n_vocab, 27));
         ASSERT_EQ(all.size(), 70u);
         EXPECT_EQ(seq.n_held(), seq.n_cells() + 30);
@@ -397,7 +404,7 @@ TEST(session, a_conversation_compresses_again_with_its_last_turn_whole) {
     }
 }
 
-// prefill_chunked() is those steps; its KV cache peaks at llama.cpp's smallest (256 cells) where one shot allocates
+// A chunked prefill (compression.chunk) is those steps; its KV cache peaks at llama.cpp's smallest (256 cells) where one shot allocates
 // the whole prompt's (1000 tokens and 4 new ones, in cells padded to 256: 1024).
 TEST(session, chunked_prefill_bounds_the_peak) {
     const fixture              f;
@@ -405,7 +412,9 @@ TEST(session, chunked_prefill_bounds_the_peak) {
     const auto                 p      = f.s.make_prompt(tokens);
     const ecokv::method_spec   spec   = ecokv::parse_method("snapkv");
     const ecokv::method_params par    = budget(32, 8);
-    el::sequence               chunked = f.s.prefill_chunked(p, 64, spec, par, 4);
+    ecokv::compression         c       = { true, spec, par };
+    c.chunk                            = 64;
+    el::sequence               chunked = f.s.prefill(p, c, 4);
     el::sequence               one     = f.s.prefill(p, 4, ecokv::requirements(spec, par));
     one.compress_in_place(spec, par);
     EXPECT_EQ(one.peak_kv_cells(), 1024);
@@ -439,7 +448,7 @@ TEST(session, snapshots_restore_in_place_and_resume_elsewhere) {
     for (size_t i = 0; i < first.logits.size(); ++i) {
         EXPECT_EQ(rewound.logits[i], first.logits[i]) << "step " << i;
     }
-    el::sequence moved = f.s.resume(origin, 16);
+    el::sequence moved = f.s.resume(origin, ecokv::compression::none(), 16);
     EXPECT_EQ(moved.n_cells(), comp.n_cells());
     const auto again = moved.answer({ 3, 4 }, 6, true);
     ASSERT_EQ(again.logits.size(), first.logits.size());
@@ -470,7 +479,7 @@ TEST(session, snapshots_carry_decoded_tokens_and_their_own_layout) {
     const el::snapshot later = padded.save();  // the label cell + the question + the decoded answer tokens
     EXPECT_EQ(later.n_cells, 1 + 1 + int32_t(got.tokens.size()) - 1);
     EXPECT_EQ(padded.kv_bytes_allocated(), uint64_t(2 * 2 * (14 + 1 + 16)) * 64);
-    el::sequence moved = f.s.resume(later, 4);
+    el::sequence moved = f.s.resume(later, ecokv::compression::none(), 4);
     EXPECT_EQ(moved.n_past(), padded.n_past());
     moved.decode({ 9 });
     padded.decode({ 9 });

@@ -9,6 +9,7 @@
 #include "ecokv/eval-runner.h"
 #include "ecokv/llama-eval.h"
 #include "ecokv/metrics.h"
+#include "ecokv/options.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -77,7 +78,7 @@ json main_job(const prompt_options & po, const std::vector<main_job_cache> & cac
     json out = { { "main_job", true },         { "model", s.description() },
                  { "image", po.sample[0].images[0] }, { "prompt_tokens", pf.prompt_tokens },
                  { "image_tokens", pf.image_tokens }, { "metric", metric.name }, { "questions", po.sample.size() } };
-    cols[0].j = { { "label", "full cache" }, { "method", "full" } };
+    cols[0].j = { { "label", "full cache" }, { "method", std::string(k_full_cache) } };
     // Not `json columns = { x }`: a one-element braced list of a json object is that object, not an array of it.
     json columns = json::array({ finish(cols[0], pf.kv_bytes_per_cell) });
     for (size_t k = 0; k < caches.size(); ++k) {
@@ -98,7 +99,9 @@ json main_job(const prompt_options & po, const std::vector<main_job_cache> & cac
         small_image_tokens = small_engine->prefill(item, eval_mode::agnostic, n_predict, {}).image_tokens;
         add_answer(smaller, item, small_engine->answer_full(), metric);
     }
-    smaller.j = { { "label", "smaller image" }, { "method", "full" }, { "image_max_tokens", so.image_max_tokens },
+    smaller.j = { { "label", "smaller image" },
+                  { "method", std::string(k_full_cache) },
+                  { "image_max_tokens", so.image_max_tokens },
                   { "image_tokens", small_image_tokens } };
     columns.push_back(finish(smaller, pf.kv_bytes_per_cell));
     out["budget"]  = budget;

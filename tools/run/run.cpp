@@ -100,9 +100,7 @@ answered answer(const el::session & s, el::sequence & comp, el::sequence * full,
                 const std::vector<llama_token> & question, const run_options & o) {
     answered a;
     comp.rewind();
-    a.gen = o.c.decode_compress > 0
-                ? comp.answer_compressing(question, o.n_predict, o.c.decode_compress, o.c.spec, o.c.params)
-                : comp.answer(question, o.n_predict);
+    a.gen = comp.answer(question, o.n_predict);  // compressing again as it goes with --decode-compress
     a.j = { { "text", s.detokenize(a.gen.tokens) } };
     if (full != nullptr) {
         full->rewind();
@@ -138,39 +136,41 @@ json run(const run_options & o) {
     json                        out = { { "model", s.description() },
                                         { "budget", o.c.enabled ? json(o.c.params.budget) : json(nullptr) },
                                         { "room_tokens", n_extra },   { "chunk", o.c.chunk } };
-    if (o.c.chunk > 0) {  // the full cache is never made, unless --compare-full asks for it as the reference
-        compressed.emplace(s.prefill_chunked(p, o.c.chunk, o.c.spec, o.c.params, n_extra));
-        out["prefill_s"] = compressed->prefill_seconds();
-        if (o.compare_full) {
-            full.emplace(s.prefill(p, n_extra, {}));
-        }
-    } else {
-        // The full cache lives on only when --compare-full needs it; otherwise it is compressed in place, freed as the
-        // kept entries are written.
-        ecokv::method_requirements needs;
-        if (o.c.enabled) {
-            needs = ecokv::requirements(o.c.spec, o.c.params);
-        }
+    if (o.c.enabled) {
+        el::check_prompt_window(p.n_cells(), o.c);  // nothing to compress is a usage error here
+    }
+    if (o.compare_full || !o.dump_capture.empty()) {
+        // The full cache first, as the reference or for its capture; compressed from it where the compression can be
+        // (one prefill), else by a prefill of its own.
+        ecokv::method_requirements needs = o.c.enabled ? ecokv::requirements(o.c.spec, o.c.params)
+                                                       : ecokv::method_requirements{};
         needs.values |= !o.dump_capture.empty();  // a capture file holds them
         full.emplace(s.prefill(p, n_extra, needs));
         if (!o.dump_capture.empty()) {
             ecokv::write_capture(o.dump_capture, full->capture());
         }
-        out["kv_bytes_full"] = full->kv_bytes_allocated();
-        out["prefill_s"]     = full->prefill_seconds();
+        if (o.c.chunk == 0) {
+            out["kv_bytes_full"] = full->kv_bytes_allocated();
+        }
+        out["prefill_s"] = full->prefill_seconds();
         if (!o.c.enabled) {  // --method full: answered from the prefill's own cache
             compressed.emplace(std::move(*full));
             full.reset();
-        } else if (o.compare_full && o.c.decode_compress == 0) {
+        } else if (el::compressible_by_copy(o.c)) {
             compressed.emplace(full->compress(o.c.spec, o.c.params, n_extra));
             full->release_capture();
-        } else {  // a re-compressing answer needs the in-place cache, which keeps the query capture
-            full->compress_in_place(o.c.spec, o.c.params);
-            compressed.emplace(std::move(*full));
+        } else {
+            compressed.emplace(s.prefill(p, o.c, n_extra));
+            out["prefill_s"] = compressed->prefill_seconds();
+        }
+        if (!o.compare_full) {
             full.reset();
-            if (o.compare_full) {
-                full.emplace(s.prefill(p, n_extra, {}));
-            }
+        }
+    } else {
+        compressed.emplace(s.prefill(p, o.c, n_extra));
+        out["prefill_s"] = compressed->prefill_seconds();
+        if (o.c.chunk == 0) {
+            out["kv_bytes_full"] = compressed->kv_bytes_prefilled();
         }
     }
     out["prompt_tokens"]   = p.n_cells();
@@ -178,7 +178,7 @@ json run(const run_options & o) {
     out["kv_bytes_prompt"] = compressed->kv_bytes_of_cells(p.n_cells());
     el::sequence & comp        = *compressed;
     const auto &   ci          = comp.compression();
-    out["method"]              = o.c.enabled ? ci.sel.method : o.c.name();
+    out["method"]              = ci.sel.method.empty() ? o.c.name() : ci.sel.method;  // kept whole within the budget
     out["window"]              = ci.sel.window;
     out["kv_bytes_compressed"] = comp.kv_bytes_allocated();
     out["kv_bytes_kept"]       = comp.kv_bytes_kept();

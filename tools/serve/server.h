@@ -1,17 +1,19 @@
 // ecokv serve: an OpenAI-compatible chat server (cpp-httplib) whose conversations live in compressed, reusable
 // caches. POST /v1/chat/completions and /v1/completions, /tokenize, /detokenize; GET /v1/models, /props, /slots,
-// /health and /metrics.
+// /health and /metrics. Its rooms: requests are read by chat-request.cpp, admitted and run on the engine by the
+// scheduler (scheduler.cpp), answered token by token (generation.cpp) in the shapes of responses.cpp; kept
+// conversations live in cache tiers (cache-tier.h); /metrics is a table (metrics.h).
 #pragma once
 
 #include "chat-request.h"
 #include "conversation-cache.h"
+#include "responses.h"
+#include "scheduler.h"
 
 #include "ecokv/llama-session.h"
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -53,29 +55,38 @@ class chat_server {
     int  port() const { return port_; }
 
   private:
-    struct slot_guard;
-    struct stats;
-    struct turn;
-
-    void                        routes();
-    std::string                 metrics() const;
-    std::shared_ptr<slot_guard> acquire();
+    using handler        = void (chat_server::*)(const httplib::Request &, httplib::Response &);
     using request_parser = chat_request (*)(const nlohmann::json &, const request_limits &);
-    void                        chat(const httplib::Request & req, httplib::Response & res, request_parser parse);
-    std::shared_ptr<turn>       prepare(chat_request r, const compression & c);
-    void                        generate(turn & t, httplib::DataSink & sink);
+    struct route {
+        const char * method;  // "GET" or "POST"
+        const char * path;
+        handler      fn;
+    };
+    static const std::vector<route> & route_table();
+
+    void setup_http();
+    void health(const httplib::Request & req, httplib::Response & res);
+    void models(const httplib::Request & req, httplib::Response & res);
+    void metrics(const httplib::Request & req, httplib::Response & res);
+    void tokenize(const httplib::Request & req, httplib::Response & res);
+    void detokenize(const httplib::Request & req, httplib::Response & res);
+    void props(const httplib::Request & req, httplib::Response & res);
+    void slots(const httplib::Request & req, httplib::Response & res);
+    void chat_completions(const httplib::Request & req, httplib::Response & res);
+    void completions(const httplib::Request & req, httplib::Response & res);
+
+    // An OpenAI endpoint: the request parsed, admitted, begun on the engine, its answer streamed by generate().
+    void chat(const httplib::Request & req, httplib::Response & res, request_parser parse);
+    void generate(turn & t, const chat_request & r, const answer_header & h, httplib::DataSink & sink);
 
     const llama::session &           s_;
     serve_options                    o_;
     std::unique_ptr<httplib::Server> http_;
     conversation_cache               cache_;
-    std::unique_ptr<stats>           stats_;
+    serve_stats                      stats_;
+    scheduler                        scheduler_;
     std::atomic<connection_pool *>   connections_{ nullptr };  // while listening
     int                              port_ = 0;
-
-    mutable std::mutex      slot_mutex_;
-    std::condition_variable slot_free_;
-    int32_t                 busy_ = 0, waiting_ = 0;
 };
 
 }  // namespace ecokv::serve

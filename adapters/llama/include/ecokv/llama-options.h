@@ -34,6 +34,10 @@ std::span<const ggml_type> cache_types();
 // Converts and checks `value` (checked_value) and sets the option; throws option_error naming it.
 void set_engine_option(session_options & o, std::string_view key, const option_value & value);
 
+// How messages name the engine option of table key `key`: "--cache-type-k", the row's flag (as option_name does for
+// the compression options). Throws option_error for an unknown key.
+std::string engine_option_name(std::string_view key);
+
 // The option's value in o ("auto" for flash_attn); throws option_error for an unknown key.
 option_value get_engine_option(const session_options & o, std::string_view key);
 

@@ -22,6 +22,7 @@
 
 #include "ecokv/compress.h"
 #include "ecokv/llama-generate.h"
+#include "ecokv/options.h"
 
 #include <llama.h>
 
@@ -187,6 +188,13 @@ struct compression_info {
 
 class sequence;
 
+// Whether sequence::compress() can make `c` from a prefilled sequence (one prefill, many compressions): enabled, not
+// chunked (a chunked prefill is its own) and never compressing again (the copy has no window queries to do it with).
+bool compressible_by_copy(const compression & c);
+// Throws ecokv::error when a prompt of n_cells is too short for the method of `c` to compress: it needs more cells than
+// its observation window.
+void check_prompt_window(int32_t n_cells, const compression & c);
+
 class session {
   public:
     // Loads the model (and projector). Throws ecokv::error naming the file.
@@ -223,29 +231,37 @@ class session {
     std::string chat_text(const std::vector<chat_message> & messages) const;
     bool        is_end_of_generation(llama_token token) const;
 
+    // A turn's prompt with the compression `c` applied: the one entry of every client (docs/architecture.md, "A turn").
+    // Units [0, split) of `p` (the context before a question; the whole prompt by default) are prefilled and, when `c`
+    // is enabled and they hold more cells than the budget (fewer are kept whole, SPEC §2) or the sequence will compress
+    // again (then more than the window), compressed: chunk by chunk when c.chunk > 0 (no KV head ever holds more than the
+    // budget plus one chunk), else in one shot and in place. Room is left for the units from `split` on (the question:
+    // append() them next; the turn begins with them) and n_extra tokens after. The sequence holds `c`: decode() compresses again every
+    // c.decode_compress cells and end_turn() applies c.recompress_slack, recording the window's queries for both.
+    sequence prefill(const prompt & p, const compression & c, int32_t n_extra, size_t split = size_t(-1)) const;
+    // The kept conversation `s` in a new sequence with room for n_extra more tokens, holding `c` as prefill() does (a
+    // compressed snapshot's sequence records its window's queries when `c` compresses again); with probe, its decodes
+    // record attention outputs.
+    sequence resume(const snapshot & s, const compression & c, int32_t n_extra, bool probe = false) const;
+
+    // The building blocks of prefill(), for what measures the steps apart (analysis, benchmarks, tests).
     // Prefills `p` into a new sequence of p.n_cells() + n_extra cells, capturing the queries `needs` asks for (at
     // least 32 window rows, SPEC §7; nothing when needs.n_window_queries is 0). Throws when the prompt and the new
     // tokens exceed the model's training context.
     // Only the first n_units units of the prompt when given (append() the rest later).
     sequence prefill(const prompt & p, int32_t n_extra, const method_requirements & needs,
                      size_t n_units = size_t(-1)) const;
-    // A new sequence holding `s`, with room for n_extra more tokens. With `record` (a method's requirements), the
-    // queries it needs of the cells decoded are recorded (sequence::record_queries: the window's, every cell's for
-    // H2O), so that a compressed one can compress again.
-    sequence resume(const snapshot & s, int32_t n_extra, bool probe = false, const method_requirements & record = {}) const;
-
-    // Prefills `p` chunk by chunk so that no KV head ever holds more than the budget plus one chunk (and llama.cpp's
-    // padding): chunks of at most n_chunk cells (an image is never split; a chunk not longer than the method's
-    // window joins the next one, or the last the one before), the first prefilled and compressed in place, every next one decoded into the room of the
-    // compressed cache and the cache compressed again over what each head keeps and the chunk (sequence::extend()).
-    // Positions are the prompt's own. Room is left for n_extra new tokens. Only the first n_units units of the prompt
-    // when given (append() the rest later). Throws ecokv::error for a chunk not larger than the window, or a method
-    // that needs every prompt query (h2o).
-    sequence prefill_chunked(const prompt & p, int32_t n_chunk, const method_spec & spec, const method_params & params,
-                             int32_t n_extra, size_t n_units = size_t(-1)) const;
 
   private:
     friend class sequence;
+    // Prefills `p` chunk by chunk so that no KV head ever holds more than the budget plus one chunk (and llama.cpp's
+    // padding): chunks of at most n_chunk cells (an image is never split; a chunk not longer than the method's
+    // window joins the next one, or the last the one before), the first prefilled and compressed in place, every next
+    // one decoded into the room of the compressed cache and the cache compressed again over what each head keeps and
+    // the chunk (sequence::extend()). Positions are the prompt's own. Room is left for n_extra new tokens. Only the
+    // first n_units units of the prompt. Throws ecokv::error for a chunk not larger than the window.
+    sequence prefill_chunked(const prompt & p, int32_t n_chunk, const method_spec & spec, const method_params & params,
+                             int32_t n_extra, size_t n_units) const;
     sequence prefill_units(const prompt & p, size_t n_units, int32_t n_extra, int32_t n_batch,
                            const method_requirements & needs) const;
     struct impl;
@@ -282,6 +298,7 @@ class sequence {
     // prompt's position with the prompt's logits (whatever this sequence decoded since); with probe, its decodes
     // record attention outputs for fidelity(). Only for a prefilled sequence with a capture. Memory peaks at this
     // sequence's cache plus the kept entries plus a new context's compute buffers.
+    // Chunked compressions and those that compress again are not made this way (compressible_by_copy()).
     sequence compress(const method_spec & spec, const method_params & params, int32_t n_extra,
                       bool probe = false) const;
     // compress() in this sequence's own context, with room for the n_extra tokens prefill() was given: the full cache
@@ -296,14 +313,6 @@ class sequence {
     // tokens. The new cells must fit the room and outnumber the window.
     void extend(const prompt & p, size_t from, size_t to, const method_spec & spec, const method_params & params,
                 int32_t n_room);
-    // answer() on a compressed sequence (compress_in_place or a chunked prefill) that stays within its budget while it
-    // answers: every `every` cells decoded (the question's, then the answer's), it is compressed again in place, as a
-    // chunk of a chunked prefill, over what each KV head keeps and those cells, whose last queries are the window, with
-    // room left for the next `every`. The sequence's origin moves with each re-compression (rewind() comes back to the
-    // last one). `every` must exceed the window and fit the room; methods that read every query (h2o) are refused.
-    // Cells decoded before the call (a resumed conversation's last turn) are candidates of the first re-compression.
-    generation answer_compressing(const std::vector<llama_token> & question, int32_t n, int32_t every,
-                                  const method_spec & spec, const method_params & params);
     // From now on, the queries of every cell decoded are recorded (the last ones kept, as many as the capture holds:
     // the prefill's window, or resume()'s; all of them since the last compression for H2O), for recompress(). Throws
     // without such a capture.
@@ -313,13 +322,20 @@ class sequence {
     // message with the chat template's tokens, and the answer), compresses it again in place over what each head
     // holds (kept entries and every cell decoded since the last compression), those n_keep cells kept whole beside
     // the budget and the newest cells' queries as the window; leaves room for n_room tokens. Needs record_queries()
-    // since the last compression. Returns whether it compressed (not when compress_again() cannot).
+    // since the last compression. Returns whether it compressed (not while too few cells were decoded since the last compression to observe a window).
     bool recompress(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t slack,
                     int32_t n_room);
-    // recompress() whatever the entries held (a server's decode_compress, every N cells of an answer). Returns false,
-    // compressing nothing, while the cells decoded since the last compression do not outnumber the window or their
-    // window's queries are not all recorded (right after a resume).
-    bool compress_again(const method_spec & spec, const method_params & params, int32_t n_keep, int32_t n_room);
+    // The compression this sequence holds (prefill() or resume() with one; none otherwise) and the compressions it made
+    // since, after the first: decode_compress's while decoding and recompress_slack's at the end of turns.
+    const ecokv::compression & held_compression() const;
+    int32_t                    n_recompressions() const;
+    // Ends a turn (its message and answer decoded): when the held compression has a recompress_slack, recompress()s
+    // with it, this turn's cells (decoded since prefill() or resume() returned, the question included) kept whole and
+    // room for one token. Returns whether it compressed.
+    bool end_turn();
+    // KV bytes the prefill's context allocated before any compression (the full cache; a chunked prefill's first
+    // chunk's context).
+    uint64_t kv_bytes_prefilled() const;
     // Cells decoded since the last compression of a compressed sequence (0 for an uncompressed one).
     int32_t n_decoded() const;
     // The cells each (layer, KV head) of a compressed sequence keeps, ascending (the prompt's cells first, then those
@@ -330,10 +346,13 @@ class sequence {
     int32_t  peak_kv_cells() const;
     uint64_t peak_kv_bytes() const;
 
-    // Decodes tokens at n_past. Here and below, a decode that throws (context full, ...) leaves the sequence as it
-    // was before the call.
+    // Decodes tokens at n_past; a sequence holding a compression with decode_compress compresses again first when that
+    // many cells were decoded since the last compression (as a chunk of a chunked prefill: over what each KV head keeps
+    // and those cells, whose last queries are the window, with room for the next decode_compress; the origin moves
+    // with it). Here and below, a decode that throws (context full, ...) leaves the sequence as it was before the call.
     void       decode(const std::vector<llama_token> & tokens);
-    // Decodes the units of `p` from `from` on at n_past (text and images): a new turn on a kept cache.
+    // Decodes the units of `p` from `from` on at n_past (text and images): a new turn on a kept cache. Nothing when
+    // `from` is the end of the prompt.
     void       append(const prompt & p, size_t from);
     // Greedy decoding of up to n tokens from logits() (stops after an end-of-generation token). The last token
     // picked is not decoded: logits() stays the distribution it was picked from; decode it to continue after it.
@@ -361,7 +380,6 @@ class sequence {
     friend class session;
     struct impl;
     explicit sequence(std::unique_ptr<impl> p);
-    void check_window(const method_spec & spec, const method_params & params) const;
     std::unique_ptr<impl> impl_;
 };
 

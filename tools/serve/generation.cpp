@@ -1,0 +1,168 @@
+// ecokv serve: a turn's answer, token by token: picked greedily or sampled, cut at stop strings, streamed as it is
+// ready (server-sent events) or sent whole, then the conversation kept by the scheduler.
+#include "server.h"
+
+#include "common/json-text.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+
+namespace ecokv::serve {
+
+using json = nlohmann::json;
+using ecokv::tools::json_text;
+namespace el = ecokv::llama;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// The number of bytes at the end of `s` that may start a stop string or an unfinished UTF-8 character: they wait
+// for the next token before they are sent.
+size_t held_back(const std::string & s, const std::vector<std::string> & stop) {
+    size_t hold = 0;
+    for (const std::string & st : stop) {
+        for (size_t n = std::min(st.size() - 1, s.size()); n > hold; --n) {
+            if (s.compare(s.size() - n, n, st, 0, n) == 0) {
+                hold = n;
+                break;
+            }
+        }
+    }
+    for (size_t n = 1; n <= std::min<size_t>(3, s.size()); ++n) {  // a lead byte whose sequence is not complete
+        const uint8_t c    = uint8_t(s[s.size() - n]);
+        const size_t  need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+        if (need > n) {
+            hold = std::max(hold, n);
+            break;
+        }
+        if ((c & 0xC0) != 0x80) {
+            break;
+        }
+    }
+    return hold;
+}
+
+// KV bytes a conversation holds: the kept entries of its compressed prefix and every cell stored since, or its cells.
+uint64_t held_bytes(const el::sequence & seq, const el::snapshot & snap) {
+    return snap.layout.empty() ? seq.kv_bytes_of_cells(snap.n_cells)
+                               : seq.kv_bytes_kept() + seq.kv_bytes_of_cells(snap.n_cells - 1);
+}
+
+llama_token pick(const std::vector<float> & logits, double temperature, std::mt19937_64 & rng) {
+    if (temperature <= 0) {
+        return el::argmax(logits);
+    }
+    const float         top = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> w(logits.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+        w[i] = std::exp((double(logits[i]) - top) / temperature);
+    }
+    return llama_token(std::discrete_distribution<size_t>(w.begin(), w.end())(rng));
+}
+
+}  // namespace
+
+void chat_server::generate(turn & t, const chat_request & r, const answer_header & h, httplib::DataSink & sink) {
+    std::mt19937_64 rng(r.has_seed ? r.seed : std::random_device{}());
+    auto            send = [&](const std::string & s) { return sink.write(s.data(), s.size()); };
+    auto            event = [&](const json & j) { return send("data: " + json_text(j) + "\n\n"); };
+    // A streamed piece of text, with the log-probabilities of the tokens since the last piece when asked.
+    json logprobs = json::array(), pending = json::array();  // every step's entry; those not streamed yet
+    auto content_chunk = [&](const std::string & piece) {
+        json c = stream_chunk(h, { { "content", piece } }, nullptr);
+        if (r.logprobs) {
+            c["choices"][0]["logprobs"] = { { "content", pending } };
+            pending                     = json::array();
+        }
+        return c;
+    };
+    if (r.stream && !h.completion && !event(stream_chunk(h, { { "role", "assistant" }, { "content", "" } }, nullptr))) {
+        ++stats_.cancelled;
+        return;
+    }
+    std::vector<llama_token> out;
+    std::string              text, finish = "length";
+    size_t                   sent = 0, n_decoded = 0;
+    bool                     alive = true;
+    const auto               t0    = clock_type::now();
+    try {
+        for (int32_t i = 0; i < r.max_tokens && alive; ++i) {
+            const llama_token tok = pick(t.seq->logits(), r.temperature, rng);
+            if (s_.is_end_of_generation(tok)) {
+                finish = "stop";
+                break;
+            }
+            if (r.logprobs) {
+                const json e = logprob_entry(s_, t.seq->logits(), tok, r.top_logprobs);
+                logprobs.push_back(e);
+                pending.push_back(e);
+            }
+            out.push_back(tok);
+            text         = s_.detokenize(out);
+            size_t ready = text.size() - held_back(text, r.stop);
+            for (const std::string & st : r.stop) {
+                if (const size_t at = text.find(st); at != std::string::npos) {
+                    text   = text.substr(0, at);
+                    ready  = text.size();
+                    finish = "stop";
+                }
+            }
+            // Streamed text as it is ready; otherwise a space (JSON allows it) tells a closed connection apart.
+            alive = ready > sent && r.stream ? event(content_chunk(text.substr(sent, ready - sent))) : send(" ");
+            sent  = std::max(sent, ready);
+            if (finish == "stop") {
+                break;
+            }
+            if (i + 1 < r.max_tokens && alive) {
+                t.seq->decode({ tok });  // compressed again first when decode_compress is due
+                ++n_decoded;
+            }
+        }
+    } catch (const std::exception & e) {  // the status is sent already: report in the body
+        const json err = error_body(request_error(500, "server_error", "", e.what()));
+        r.stream ? event(err) : send(json_text(err));
+        ++stats_.errors;
+        return;
+    }
+    stats_.decode_us += uint64_t(seconds_since(t0) * 1e6);
+    stats_.completion_tokens += out.size();
+    if (!alive) {
+        ++stats_.cancelled;
+        return;
+    }
+    const std::vector<llama_token> decoded(out.begin(), out.begin() + ptrdiff_t(n_decoded));
+    const auto                     kept = scheduler_.finish(t, decoded);  // the conversation, for the next turn
+    usage_figures                  u;
+    u.prompt_cells       = t.prompt_cells;
+    u.cached_cells       = t.cached_cells;
+    u.completion_tokens  = int32_t(out.size());
+    u.kv_bytes_kept      = held_bytes(*t.seq, kept->snap);
+    u.kv_bytes_allocated = t.seq->kv_bytes_allocated();
+    u.kv_entries_held    = t.seq->n_held();
+    u.kv_recompressions  = t.seq->n_recompressions();
+    u.kv_bytes_full      = t.seq->kv_bytes_of_cells(t.prompt_cells + int32_t(out.size()));
+    const json usage     = usage_json(u);
+    if (r.stream) {
+        if (sent < text.size() || !pending.empty()) {
+            event(content_chunk(text.substr(sent)));
+        }
+        event(stream_chunk(h, json::object(), finish));
+        if (r.include_usage) {  // as OpenAI: one more chunk, with no choices, carrying the usage
+            event(usage_chunk(h, usage));
+        }
+        send("data: [DONE]\n\n");
+        return;
+    }
+    send(json_text(answer_body(h, text, finish, r.logprobs ? logprobs : json(), usage)));
+}
+
+}  // namespace ecokv::serve

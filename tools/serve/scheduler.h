@@ -1,0 +1,70 @@
+// ecokv serve: admission of requests and the engine side of their turns. A request is admitted while fewer than
+// --slots run (else it waits, among at most --queue others, else 503). Its turn's sequence, one llama.cpp context made
+// by the session, is resumed from a kept conversation or prefilled with the request's compression; at the end the
+// conversation with its answer is kept for the next turn. The one place that decides what runs and what it holds.
+#pragma once
+
+#include "cache-tier.h"
+#include "chat-request.h"
+
+#include "ecokv/llama-session.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+namespace ecokv::serve {
+
+// What /metrics counts: requests and tokens (the server's), cache hits and prefills (the scheduler's).
+struct serve_stats {
+    std::atomic<uint64_t> requests{ 0 }, errors{ 0 }, rejected{ 0 }, cancelled{ 0 };
+    std::atomic<uint64_t> prompt_tokens{ 0 }, cached_tokens{ 0 }, completion_tokens{ 0 }, hits{ 0 }, misses{ 0 };
+    std::atomic<uint64_t> prefill_us{ 0 }, decode_us{ 0 };
+};
+
+// One answer in the making: the sequence after the prompt, what was reused, and the conversation kept.
+struct turn {
+    std::optional<llama::sequence>             seq;
+    std::vector<uint64_t>                      key;   // the compression's unit, then the prompt's units
+    std::shared_ptr<const cached_conversation> kept;  // the conversation as kept after the prompt
+    int32_t                                    prompt_cells = 0, cached_cells = 0;
+    double                                     prefill_s    = 0;
+};
+
+class scheduler {
+  public:
+    scheduler(const llama::session & s, cache_tier & cache, serve_stats & stats, int32_t slots, int32_t queue);
+
+    // A place among the slots, freed when the last copy is gone (the answer streamed out). Waits for one; throws
+    // request_error 503 when every slot and the queue are taken.
+    struct place;
+    std::shared_ptr<place> admit();
+
+    struct load {
+        int32_t slots = 0, busy = 0, waiting = 0;
+    };
+    load load_now() const;
+
+    // The request's prompt on its cache: the kept conversation it continues resumed and only the rest decoded, or the
+    // prompt prefilled with `c` (what comes before the last user message's text compressed first, as ecokv run
+    // --question does). Kept as it stands. Throws request_error for a prompt the engine cannot take.
+    std::shared_ptr<turn> begin(const chat_request & r, const compression & c);
+    // The turn ended with `decoded` tokens decoded after its prompt: the sequence ends its turn (compressed again
+    // over budget + recompress_slack) and the conversation is kept for the next turn, replacing the one kept after
+    // the prompt. Returns the conversation as it stands (not kept when ending the turn failed; the answer still goes out).
+    std::shared_ptr<const cached_conversation> finish(turn & t, const std::vector<llama_token> & decoded);
+
+  private:
+    const llama::session &  s_;
+    cache_tier &            cache_;
+    serve_stats &           stats_;
+    const int32_t           slots_, queue_;
+    mutable std::mutex      mutex_;
+    std::condition_variable free_;
+    int32_t                 busy_ = 0, waiting_ = 0;
+};
+
+}  // namespace ecokv::serve
