@@ -212,18 +212,26 @@ TEST(serve, the_cache_finds_the_longest_prefix_and_evicts_the_least_recent) {
     EXPECT_EQ(cache.totals_now().conversations, 3u);
 }
 
-// The whole prompt kept already (a request identical to one that is still answering): not a hit, since its last unit
-// must be decoded again for the next token's logits; the shorter prefix is. Two requests that kept the same units
-// leave one conversation.
-TEST(serve, the_cache_leaves_a_unit_to_decode_and_keeps_one_copy) {
+// The whole prompt kept already (an identical request, or one identical to a request still answering): a hit with
+// nothing left to decode (the snapshot holds the next token's logits). A prompt shorter than every kept conversation
+// finds the longest kept prefix of it. Two requests that kept the same units leave one entry; a prefix entry and a
+// conversation are counted apart, and a conversation that continued a prefix entry does not replace it.
+TEST(serve, the_cache_finds_equal_and_shorter_prompts_and_keeps_one_copy) {
     conversation_cache cache(1000);
-    cache.put(conv({ 1, 2 }, 100));
+    auto               prefix = conv({ 1, 2 }, 100);
+    prefix->kind              = entry_kind::prefix;
+    cache.put(prefix);
     cache.put(conv({ 1, 2, 3 }, 100));
-    EXPECT_EQ(cache.find({ 1, 2, 3 })->units.size(), 2u);
-    EXPECT_EQ(cache.find({ 1, 2 }), nullptr);
+    EXPECT_EQ(cache.find({ 1, 2, 3 })->units.size(), 3u);  // equal
+    EXPECT_EQ(cache.find({ 1, 2 })->units.size(), 2u);     // shorter than {1,2,3}: the prefix entry
+    EXPECT_EQ(cache.find({ 1 }), nullptr);
     cache.put(conv({ 1, 2, 3 }, 120));  // kept again by a request that ran alongside
-    EXPECT_EQ(cache.totals_now().conversations, 2u);
+    EXPECT_EQ(cache.totals_now().conversations, 1u);
+    EXPECT_EQ(cache.totals_now().prefixes, 1u);
     EXPECT_EQ(cache.totals_now().bytes, 220u);
+    cache.put(conv({ 1, 2, 4 }, 80));  // a new question about the prefix: it stays beside
+    EXPECT_EQ(cache.totals_now().prefixes, 1u);
+    EXPECT_EQ(cache.totals_now().conversations, 2u);
 }
 
 }  // namespace

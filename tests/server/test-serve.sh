@@ -25,6 +25,23 @@ start() {  # start NAME ARGS...: a server on a free port, its URL in $URL
 start main --slots 2 --queue 8 --max-tokens 16
 node "$ROOT/tests/server/clients.mjs" "$URL" "$ROOT/models/tiny-vlm-sample.png"
 
+# Compress once, ask many: kept contexts (prefix entries), against the same server keeping nothing and a 1 MiB cache.
+main_url=$URL
+/usr/bin/python3 - "$ROOT/models/tiny-vlm-sample.png" "$DIR" <<'PY'  # Debian's, with python3-pil (scripts/setup.sh)
+import sys
+from PIL import Image
+page = Image.open(sys.argv[1]).convert("RGB")
+for i in range(13):  # one pixel changed: the same receipt, another image
+    p = page.copy()
+    p.putpixel((0, 0), (i * 7 % 256, 255 - i, 128))
+    p.save(f"{sys.argv[2]}/page-{i}.png")
+PY
+start fresh --slots 2 --max-tokens 16 --cache-mib 0
+fresh_url=$URL
+start small --slots 2 --max-tokens 16 --cache-mib 1
+node "$ROOT/tests/server/prefixes.mjs" "$main_url" "$fresh_url" "$URL" "$DIR"
+URL=$main_url
+
 expect() {  # expect STATUS NAME BODY: POST BODY, check the status and that the error body names a message
     local status body
     status=$(curl -s -o "$DIR/out" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "$3" \
@@ -90,7 +107,7 @@ for i in $(seq 10); do
     curl -s -o "$DIR/busy.$i" -w '%{http_code}\n' -H 'Content-Type: application/json' --data-binary "$body" \
         "$URL/v1/chat/completions" > "$DIR/busy.$i.status" &
 done
-wait $(jobs -p | grep -v -e "${PIDS[0]}" -e "${PIDS[1]}") 2>/dev/null || true
+wait $(jobs -p | grep -vxF -f <(printf '%s\n' "${PIDS[@]}")) 2>/dev/null || true  # the requests, not the servers
 n503=$(cat "$DIR"/busy.*.status | grep -c 503 || true)
 n200=$(cat "$DIR"/busy.*.status | grep -c 200 || true)
 [[ $n503 -ge 1 && $n200 -ge 1 ]] || { echo "not ok - busy server: $n200 served, $n503 refused"; exit 1; }
@@ -156,7 +173,7 @@ for i in $(seq 16); do
     curl -s -o "$DIR/race.$i" -w '%{http_code}\n' -H 'Content-Type: application/json' --data-binary "$same" \
         "$URL/v1/chat/completions" > "$DIR/race.$i.status" &
 done
-wait $(jobs -p | grep -v -e "${PIDS[0]}" -e "${PIDS[1]}" -e "${PIDS[2]}" -e "${PIDS[3]}") 2>/dev/null || true
+wait $(jobs -p | grep -vxF -f <(printf '%s\n' "${PIDS[@]}")) 2>/dev/null || true
 [[ $(cat "$DIR"/race.*.status | grep -c '^200$') == 16 ]] || { cat "$DIR"/race.*.status "$DIR"/race.1; echo "not ok - identical requests"; exit 1; }
 answers=$(for i in $(seq 16); do python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$DIR/race.$i"; done | sort -u | wc -l)
 [[ $answers == 1 ]] || { echo "not ok - 16 identical greedy requests gave $answers answers"; exit 1; }

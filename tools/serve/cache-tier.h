@@ -10,29 +10,34 @@
 
 namespace ecokv::serve {
 
-// A kept conversation: the prompt units its cache holds (the compression's key unit, prompt::units(), then generated
+// What an entry holds: the (compressed) context before a question, which any request about it reuses; or a
+// conversation, its prompt and the answer's tokens, which its next turn continues.
+enum class entry_kind { prefix, conversation };
+
+// A kept entry: the prompt units its cache holds (the compression's key unit, prompt::units(), then generated
 // tokens) and the snapshot.
 struct cached_conversation {
     std::vector<uint64_t> units;
     llama::snapshot       snap;
     uint64_t              full_bytes = 0;  // what the same cells would take uncompressed
+    entry_kind            kind       = entry_kind::conversation;
 };
 
 class cache_tier {
   public:
     virtual ~cache_tier() = default;
 
-    // The kept conversation with the longest units that are a strict prefix of `units` (nullptr when none); it
-    // becomes the most recently used. Strict: at least one unit is left to decode, which gives the logits of the next
-    // token (a snapshot holds none), so two identical requests never resume with nothing to decode.
+    // The kept entry with the longest units that are a prefix of `units`, or equal to them (nullptr when none); it
+    // becomes the most recently used. An equal one leaves nothing to decode: its snapshot's logits are the next
+    // token's distribution.
     virtual std::shared_ptr<const cached_conversation> find(const std::vector<uint64_t> & units) = 0;
 
-    // Keeps c, replacing `replaces` (the conversation it continues) when given and any conversation kept with the
-    // same units (by a request that ran alongside), within the tier's limit.
+    // Keeps c, replacing `replaces` (the conversation it continues) when given and any entry kept with the same
+    // units (by a request that ran alongside), within the tier's limit.
     virtual void put(std::shared_ptr<const cached_conversation> c, const cached_conversation * replaces = nullptr) = 0;
 
     struct totals {
-        size_t   conversations = 0;
+        size_t   conversations = 0, prefixes = 0;  // entries of each kind
         uint64_t bytes = 0, full_bytes = 0, evictions = 0;
     };
     virtual totals totals_now() const = 0;

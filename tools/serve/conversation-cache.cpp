@@ -9,7 +9,7 @@ std::shared_ptr<const cached_conversation> conversation_cache::find(const std::v
     auto                              best = lru_.end();
     for (auto it = lru_.begin(); it != lru_.end(); ++it) {
         const auto & key = (*it)->units;
-        if (key.size() < units.size() && std::equal(key.begin(), key.end(), units.begin()) &&
+        if (key.size() <= units.size() && std::equal(key.begin(), key.end(), units.begin()) &&
             (best == lru_.end() || key.size() > (*best)->units.size())) {
             best = it;
         }
@@ -51,8 +51,9 @@ void conversation_cache::drop(std::list<std::shared_ptr<const cached_conversatio
 
 conversation_cache::totals conversation_cache::totals_now() const {
     const std::lock_guard<std::mutex> lock(mutex_);
-    totals t        = t_;
-    t.conversations = lru_.size();
+    totals t   = t_;
+    t.prefixes = size_t(std::count_if(lru_.begin(), lru_.end(), [](const auto & c) { return c->kind == entry_kind::prefix; }));
+    t.conversations = lru_.size() - t.prefixes;
     return t;
 }
 

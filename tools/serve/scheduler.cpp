@@ -39,33 +39,36 @@ std::string before_question(const el::session & s, std::vector<el::chat_message>
     return pos == std::string::npos ? std::string() : text.substr(0, pos);
 }
 
-// The conversation a sequence holds, with the units of its cells.
-std::shared_ptr<cached_conversation> conversation(const el::sequence & seq, std::vector<uint64_t> units,
-                                                  int32_t n_cells) {
+// The entry of what a sequence holds, with the units of its cells.
+std::shared_ptr<cached_conversation> entry(const el::sequence & seq, std::vector<uint64_t> units, int32_t n_cells,
+                                           entry_kind kind = entry_kind::conversation) {
     auto kept        = std::make_shared<cached_conversation>();
     kept->units      = std::move(units);
     kept->snap       = seq.save();
     kept->full_bytes = seq.kv_bytes_of_cells(n_cells);
+    kept->kind       = kind;
     return kept;
 }
 
 }  // namespace
 
 struct scheduler::place {
-    scheduler & sched;
-    explicit place(scheduler & s) : sched(s) {}
+    scheduler &  sched;
+    const size_t id;
+    place(scheduler & s, size_t i) : sched(s), id(i) {}
     place(const place &) = delete;
     ~place() {
         {
             const std::lock_guard<std::mutex> lock(sched.mutex_);
             --sched.busy_;
+            sched.slot_states_[id].is_processing = false;
         }
         sched.free_.notify_one();
     }
 };
 
 scheduler::scheduler(const el::session & s, cache_tier & cache, serve_stats & stats, int32_t slots, int32_t queue) :
-    s_(s), cache_(cache), stats_(stats), slots_(slots), queue_(queue) {}
+    s_(s), cache_(cache), stats_(stats), slots_(slots), queue_(queue), slot_states_(size_t(slots)) {}
 
 std::shared_ptr<scheduler::place> scheduler::admit() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -79,15 +82,18 @@ std::shared_ptr<scheduler::place> scheduler::admit() {
         --waiting_;
     }
     ++busy_;
-    return std::shared_ptr<place>(new place(*this));  // no temporary: its destructor would free a slot
+    const auto idle = std::find_if(slot_states_.begin(), slot_states_.end(), [](const auto & s) { return !s.is_processing; });
+    *idle           = { true, 0, 0, std::nullopt };
+    // no temporary: its destructor would free a slot
+    return std::shared_ptr<place>(new place(*this, size_t(idle - slot_states_.begin())));
 }
 
 scheduler::load scheduler::load_now() const {
     const std::lock_guard<std::mutex> lock(mutex_);
-    return { slots_, busy_, waiting_ };
+    return { slots_, busy_, waiting_, slot_states_ };
 }
 
-std::shared_ptr<turn> scheduler::begin(const chat_request & r, const compression & c) {
+std::shared_ptr<turn> scheduler::begin(const place & at, const chat_request & r, const compression & c) {
     auto                      t = std::make_shared<turn>();
     std::optional<el::prompt> p;
     try {
@@ -103,34 +109,53 @@ std::shared_ptr<turn> scheduler::begin(const chat_request & r, const compression
                                 std::to_string(r.max_tokens) + ") exceeds the context of " +
                                 std::to_string(s_.n_ctx()));
     }
-    t->key         = keyed(c.key(), units);
-    const auto t0  = std::chrono::steady_clock::now();
-    const auto hit = cache_.find(t->key);
-    if (hit) {  // continue the kept conversation: only the units after it are prefilled
+    t->key        = keyed(c.key(), units);
+    const auto t0 = std::chrono::steady_clock::now();
+    // Where the question starts: the units before the last user message's text (a completion's whole prompt).
+    std::optional<size_t> split;
+    const auto            context_end = [&] {
+        if (!split) {
+            split = units.size();
+            if (!r.prompt_text) {
+                const el::prompt before =
+                    s_.make_prompt_from_memory(before_question(s_, r.messages, "\x01" "ECOKV" "\x01"), r.images);
+                split = size_t(std::mismatch(before.units().begin(), before.units().end(), units.begin(), units.end())
+                                   .first - before.units().begin());
+            }
+        }
+        return *split;
+    };
+    auto hit = cache_.find(t->key);
+    // A kept context serves a request with this very context (its own would be compressed whole), or any full cache.
+    if (hit && hit->kind == entry_kind::prefix && c.enabled && hit->units.size() - 1 != context_end()) {
+        hit = nullptr;
+    }
+    if (hit) {  // a kept context or conversation the prompt starts with: only the units after it are prefilled
         const size_t from = hit->units.size() - 1;
         t->cached_cells   = p->cells_before(from);
         t->seq.emplace(s_.resume(hit->snap, c, t->prompt_cells - t->cached_cells + r.max_tokens));
         t->seq->append(*p, from);
-        ++stats_.hits;
-    } else {  // what comes before the question is compressed first (a completion's whole prompt, as ecokv run's)
-        size_t split = units.size();
-        if (c.enabled && !r.prompt_text) {
-            const el::prompt before =
-                s_.make_prompt_from_memory(before_question(s_, r.messages, "\x01" "ECOKV" "\x01"), r.images);
-            split = std::mismatch(before.units().begin(), before.units().end(), units.begin(), units.end()).first -
-                    before.units().begin();
+        t->hit = hit->kind;
+        ++(hit->kind == entry_kind::prefix ? stats_.prefix_hits : stats_.hits);
+    } else {  // the context prefilled (compressed) first and kept on its own for any request about it, then the rest
+        const size_t at = context_end();
+        t->seq.emplace(s_.prefill(*p, c, r.max_tokens, at));
+        if (at > 0 && at < units.size()) {
+            cache_.put(entry(*t->seq, keyed(c.key(), { units.begin(), units.begin() + ptrdiff_t(at) }),
+                             p->cells_before(at), entry_kind::prefix));
         }
-        t->seq.emplace(s_.prefill(*p, c, r.max_tokens, split));
-        t->seq->append(*p, split);
+        t->seq->append(*p, at);
         ++stats_.misses;
     }
     t->prefill_s = seconds_since(t0);
     stats_.prefill_us += uint64_t(t->prefill_s * 1e6);
     stats_.prompt_tokens += uint64_t(t->prompt_cells);
     stats_.cached_tokens += uint64_t(t->cached_cells);
-    auto kept = conversation(*t->seq, t->key, t->prompt_cells);
-    cache_.put(kept, hit.get());
+    auto kept = entry(*t->seq, t->key, t->prompt_cells);
+    cache_.put(kept, hit && hit->kind == entry_kind::conversation ? hit.get() : nullptr);  // a context stays for others
     t->kept = std::move(kept);
+    const std::lock_guard<std::mutex> lock(mutex_);
+    slot_states_[at.id] = { true, t->prompt_cells, t->cached_cells, t->hit };
     return t;
 }
 
@@ -144,7 +169,7 @@ std::shared_ptr<const cached_conversation> scheduler::finish(turn & t, const std
     }
     std::vector<uint64_t> units = t.key;
     units.insert(units.end(), decoded.begin(), decoded.end());
-    auto kept = conversation(*t.seq, std::move(units), t.prompt_cells + int32_t(decoded.size()));
+    auto kept = entry(*t.seq, std::move(units), t.prompt_cells + int32_t(decoded.size()));
     if (keep) {
         cache_.put(kept, t.kept.get());
     }

@@ -21,7 +21,8 @@ namespace ecokv::serve {
 // What /metrics counts: requests and tokens (the server's), cache hits and prefills (the scheduler's).
 struct serve_stats {
     std::atomic<uint64_t> requests{ 0 }, errors{ 0 }, rejected{ 0 }, cancelled{ 0 };
-    std::atomic<uint64_t> prompt_tokens{ 0 }, cached_tokens{ 0 }, completion_tokens{ 0 }, hits{ 0 }, misses{ 0 };
+    std::atomic<uint64_t> prompt_tokens{ 0 }, cached_tokens{ 0 }, completion_tokens{ 0 }, misses{ 0 };
+    std::atomic<uint64_t> hits{ 0 }, prefix_hits{ 0 };  // requests that resumed a conversation, a kept context
     std::atomic<uint64_t> prefill_us{ 0 }, decode_us{ 0 };
 };
 
@@ -32,6 +33,7 @@ struct turn {
     std::shared_ptr<const cached_conversation> kept;  // the conversation as kept after the prompt
     int32_t                                    prompt_cells = 0, cached_cells = 0;
     double                                     prefill_s    = 0;
+    std::optional<entry_kind>                  hit;  // what it resumed, or nothing (prefilled from the start)
 };
 
 class scheduler {
@@ -43,15 +45,23 @@ class scheduler {
     struct place;
     std::shared_ptr<place> admit();
 
+    // What a slot runs: its request's prompt and what it resumed (idle: is_processing false, the last request's).
+    struct slot_state {
+        bool                      is_processing = false;
+        int32_t                   prompt_cells = 0, cached_cells = 0;
+        std::optional<entry_kind> hit;
+    };
     struct load {
-        int32_t slots = 0, busy = 0, waiting = 0;
+        int32_t                 slots = 0, busy = 0, waiting = 0;
+        std::vector<slot_state> each;
     };
     load load_now() const;
 
-    // The request's prompt on its cache: the kept conversation it continues resumed and only the rest decoded, or the
-    // prompt prefilled with `c` (what comes before the last user message's text compressed first, as ecokv run
-    // --question does). Kept as it stands. Throws request_error for a prompt the engine cannot take.
-    std::shared_ptr<turn> begin(const chat_request & r, const compression & c);
+    // The request's prompt on its cache: the longest kept entry it starts with (a conversation it continues, or a
+    // context it asks about) resumed and only the rest decoded; or the prompt prefilled with `c`, what comes before
+    // the last user message's text (the context) first, compressed as ecokv run --question does and kept as a prefix
+    // entry of its own, then the question. Kept as it stands. Throws request_error for a prompt the engine cannot take.
+    std::shared_ptr<turn> begin(const place & at, const chat_request & r, const compression & c);
     // The turn ended with `decoded` tokens decoded after its prompt: the sequence ends its turn (compressed again
     // over budget + recompress_slack) and the conversation is kept for the next turn, replacing the one kept after
     // the prompt. Returns the conversation as it stands (not kept when ending the turn failed; the answer still goes out).
@@ -65,6 +75,7 @@ class scheduler {
     mutable std::mutex      mutex_;
     std::condition_variable free_;
     int32_t                 busy_ = 0, waiting_ = 0;
+    std::vector<slot_state> slot_states_;
 };
 
 }  // namespace ecokv::serve

@@ -176,16 +176,19 @@ void chat_server::metrics(const httplib::Request &, httplib::Response & res) {
           double(st.cached_tokens) },
         { "completion_tokens_total", "counter", "generated tokens", double(st.completion_tokens) },
         { "cache_hits_total", "counter", "requests that continued a kept conversation", double(st.hits) },
+        { "cache_prefix_hits_total", "counter", "requests that resumed a kept context (a page before its question)",
+          double(st.prefix_hits) },
         { "cache_misses_total", "counter", "requests prefilled from the start", double(st.misses) },
         { "prefill_tokens_per_second", "gauge", "prefilled cells per second of prefill, all requests",
           prefill_s > 0 ? prefilled / prefill_s : 0 },
         { "decode_tokens_per_second", "gauge", "generated tokens per second of decoding, all requests",
           decode_s > 0 ? double(st.completion_tokens) / decode_s : 0 },
         { "kv_cache_conversations", "gauge", "conversations kept", double(t.conversations) },
-        { "kv_cache_bytes", "gauge", "bytes of the kept conversations (compressed caches)", double(t.bytes) },
-        { "kv_cache_full_bytes", "gauge", "bytes the kept conversations would take as full caches",
+        { "kv_cache_prefixes", "gauge", "contexts kept on their own, for any request about them", double(t.prefixes) },
+        { "kv_cache_bytes", "gauge", "bytes of the kept conversations and contexts (compressed caches)", double(t.bytes) },
+        { "kv_cache_full_bytes", "gauge", "bytes the kept entries would take as full caches",
           double(t.full_bytes) },
-        { "kv_cache_evictions_total", "counter", "conversations evicted to stay within --cache-mib",
+        { "kv_cache_evictions_total", "counter", "entries evicted to stay within --cache-mib",
           double(t.evictions) },
     };
     if (const connection_pool * pool = connections_) {
@@ -252,8 +255,16 @@ void chat_server::props(const httplib::Request &, httplib::Response & res) {
 void chat_server::slots(const httplib::Request &, httplib::Response & res) {
     const auto load  = scheduler_.load_now();
     json       slots = json::array();
-    for (int32_t i = 0; i < load.slots; ++i) {  // slots are places in the concurrency limit: busy ones first
-        slots.push_back({ { "id", i }, { "n_ctx", s_.n_ctx() }, { "is_processing", i < load.busy } });
+    for (size_t i = 0; i < load.each.size(); ++i) {  // each slot's request (or its last), and what it resumed
+        const auto & st = load.each[i];
+        slots.push_back({ { "id", i },
+                          { "n_ctx", s_.n_ctx() },
+                          { "is_processing", st.is_processing },
+                          { "n_prompt_tokens", st.prompt_cells },
+                          { "n_prompt_tokens_cached", st.cached_cells },
+                          { "cache_hit", !st.hit                                ? json()
+                                         : *st.hit == entry_kind::prefix ? json("prefix")
+                                                                         : json("conversation") } });
     }
     send_json(res, slots);
 }
@@ -286,7 +297,7 @@ void chat_server::chat(const httplib::Request & req, httplib::Response & res, re
         h.model      = o_.model_name;
         h.id         = "chatcmpl-" + std::to_string(h.created) + "-" + std::to_string(n);
         h.completion = r->prompt_text.has_value();
-        auto t       = scheduler_.begin(*r, c);
+        auto t       = scheduler_.begin(*place, *r, c);
         res.set_chunked_content_provider(r->stream ? "text/event-stream" : "application/json",
                                          [this, t, r, h, place](size_t, httplib::DataSink & sink) {
                                              generate(*t, *r, h, sink);
