@@ -140,7 +140,19 @@ llama_token argmax(const std::vector<float> & logits) {
 
 generation greedy(llama_context * ctx, std::vector<float> first_logits, llama_pos pos, int32_t n, bool keep_logits,
                   const step_hook & after_step) {
-    const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+    llama_pos next = pos;
+    return greedy(llama_model_get_vocab(llama_get_model(ctx)), std::move(first_logits), n, keep_logits,
+                  [&](llama_token t) {
+                      std::vector<float> logits = decode(ctx, { t }, next++);
+                      if (after_step) {
+                          after_step();
+                      }
+                      return logits;
+                  });
+}
+
+generation greedy(const llama_vocab * vocab, std::vector<float> first_logits, int32_t n, bool keep_logits,
+                  const std::function<std::vector<float>(llama_token)> & decode_one) {
     generation          out;
     std::vector<float>  logits = std::move(first_logits);
     const auto          t0     = std::chrono::steady_clock::now();
@@ -153,10 +165,7 @@ generation greedy(llama_context * ctx, std::vector<float> first_logits, llama_po
         if (llama_vocab_is_eog(vocab, t) || i + 1 == n) {
             break;
         }
-        logits = decode(ctx, { t }, pos + i);
-        if (after_step) {
-            after_step();
-        }
+        logits = decode_one(t);
     }
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;

@@ -217,22 +217,10 @@ void sequence::impl::decode_turn(const std::vector<llama_token> & tokens) {
 }
 
 generation sequence::impl::greedy_turn(int32_t n, bool keep_logits) {
-    const llama_vocab * vocab = llama_model_get_vocab(s->model);
-    generation          out;
-    const auto          t0 = std::chrono::steady_clock::now();
-    for (int32_t i = 0; i < n; ++i) {
-        const llama_token t = argmax(logits);
-        out.tokens.push_back(t);
-        if (keep_logits) {
-            out.logits.push_back(logits);
-        }
-        if (llama_vocab_is_eog(vocab, t) || i + 1 == n) {
-            break;
-        }
+    return llama::greedy(llama_model_get_vocab(s->model), logits, n, keep_logits, [&](llama_token t) {
         decode_turn({ t });
-    }
-    out.seconds = seconds_since(t0);
-    return out;
+        return logits;
+    });
 }
 
 bool sequence::end_turn() {

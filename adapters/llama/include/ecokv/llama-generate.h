@@ -45,6 +45,10 @@ using step_hook = std::function<void()>;
 
 generation greedy(llama_context * ctx, std::vector<float> first_logits, llama_pos pos, int32_t n, bool keep_logits,
                   const step_hook & after_step = {});
+// The same loop with the decode of each picked token given: decode_one(token) decodes it and returns the next
+// distribution (a sequence that compresses again between its decodes).
+generation greedy(const llama_vocab * vocab, std::vector<float> first_logits, int32_t n, bool keep_logits,
+                  const std::function<std::vector<float>(llama_token)> & decode_one);
 
 // Teacher forcing: decodes tokens[0 .. n-2] one by one from pos and returns the logits after each.
 std::vector<std::vector<float>> force(llama_context * ctx, const std::vector<llama_token> & tokens, llama_pos pos,
