@@ -21,7 +21,11 @@ ECOKV paper's premises can be measured on it (issue 14):
   the resized image) that holds the centre of its scaled ink box (token_targets): the answer `cells` become those
   tokens, `token_chars` gives each token's character (one centre in it), " " (no ink) or None (ignored: two or more
   centres, or ink without a centre) and `token_lines` each token row's text line (the grid row whose characters'
-  centres it holds, None when none or several). Native items are unchanged (same seed, same bytes and keys).
+  centres it holds, None when none or several). Native items are unchanged (same seed, same bytes and keys);
+- `shift=(dy, dx)` in item() (0..7 pixels each) moves the drawn page down and right by that many pixels before any
+  resize (shift_image: the paper mirrored in at the top and left, the bottom and right margins cropped, which hold
+  no ink), so glyphs straddle token boundaries even at the native size; such an item gets token targets as a
+  resized one does (its `shift` recorded), also at the native size.
 
 Item i of `--seed S` uses seed S + i (same seed, same bytes). Seed ranges as gen_docs.py: held-out below
 250,000, 250,000-999,999 reserved (never used), training from 1,000,000 (vlm/README.md lists the sets).
@@ -176,6 +180,17 @@ def mtmd_resize(img, max_tokens, min_tokens=MTMD_MIN_TOKENS):
     return out
 
 
+def shift_image(img, dy, dx):
+    """The page moved down by dy and right by dx pixels (0 <= dy, dx < CELL), the same size: the paper mirrored in at
+    the top and left (np.pad's reflect, so the texture continues), the bottom and right margins cropped. layout()
+    leaves at least one blank cell below and right of the text, and a glyph's 5x7 box ends inside its 8x8 cell, so
+    no ink is cropped."""
+    if not (0 <= dy < CELL and 0 <= dx < CELL):
+        raise ValueError(f"shift ({dy}, {dx}): each 0..{CELL - 1} pixels")
+    h, w = img.shape[:2]
+    return np.pad(img, ((dy, 0), (dx, 0), (0, 0)), mode="reflect")[:h, :w]
+
+
 def _ink_extents():
     """Per character index, the (y0, y1, x0, x1) end-exclusive box of its glyph's ink inside the 5x7 box."""
     out = {}
@@ -189,8 +204,9 @@ def _ink_extents():
 INK_EXTENTS = _ink_extents()
 
 
-def token_targets(grid, boxes, geometry):
-    """Reading targets of a page resized as geometry (mtmd_geometry's tuple for its size) says.
+def token_targets(grid, boxes, geometry, shift=(0, 0)):
+    """Reading targets of a page resized as geometry (mtmd_geometry's tuple for its size) says, its drawing moved by
+    shift = (dy, dx) pixels first (shift_image; render()'s boxes are those of the unmoved page).
 
     Each glyph (boxes: render()'s) has a scaled ink box (source pixel u lands at offset + u x content / source) and
     its centre lies in one image token (8x8 cell of the resized image); a cell without a glyph (a space) uses its
@@ -204,15 +220,17 @@ def token_targets(grid, boxes, geometry):
     n_rows, n_cols = len(grid), len(grid[0])
     sx, sy = nw / (n_cols * CELL), nh / (n_rows * CELL)
     rows, cols = th // CELL, tw // CELL
+    dy, dx = shift
 
     def token(y, x):
         return min(rows - 1, max(0, int(math.floor(y / CELL)))), min(cols - 1, max(0, int(math.floor(x / CELL))))
 
-    where = {(r, c): token(oy + (r + 0.5) * CELL * sy, ox + (c + 0.5) * CELL * sx)
+    where = {(r, c): token(oy + ((r + 0.5) * CELL + dy) * sy, ox + ((c + 0.5) * CELL + dx) * sx)
              for r in range(n_rows) for c in range(n_cols)}
     centres = {}  # token -> [grid cells whose glyph centre lies in it]
     inked = set()  # tokens that some glyph's ink box reaches
     for r, c, y, x in boxes:
+        y, x = y + dy, x + dx
         y0, y1, x0, x1 = INK_EXTENTS[CHAR_INDEX[grid[r][c]]]
         top, bottom = oy + (y + y0) * sy, oy + (y + y1) * sy
         left, right = ox + (x + x0) * sx, ox + (x + x1) * sx
@@ -253,7 +271,7 @@ def questions(grid, rows, fields, place, page_index=0):
     return out
 
 
-def item(seed, task, n_fields=None, scale=None, all_questions=False, max_tokens=None, token_share=None):
+def item(seed, task, n_fields=None, scale=None, all_questions=False, max_tokens=None, token_share=None, shift=None):
     """One sample: dict(grids, images, question, answer, cells, type, context, others=[(q, a, cells)...]), and
     with all_questions all=[(q, a, type)...], every question of the task on the page in page order (the same
     random draws: the item's question is one of them). A downscaled item (scale < 1) has no cells: its cells no
@@ -261,7 +279,9 @@ def item(seed, task, n_fields=None, scale=None, all_questions=False, max_tokens=
     max_tokens=N (or token_share=F: N = max(8, floor(F x the page's native tokens))) resizes a single page as mtmd
     does for --image-max-tokens N (mtmd_resize) and keeps its reading targets: the answer cells become the image
     tokens holding the characters' centres, and the item gains token_chars, token_lines (per image, token_targets')
-    and max_tokens. The page and questions are drawn first, so they are those of the native item."""
+    and max_tokens. The page and questions are drawn first, so they are those of the native item.
+    shift=(dy, dx) (pixels, 0..7 each) moves the drawn page first (shift_image), with or without a resize; a shifted
+    item has token targets as a resized one (max_tokens None at the native size) and `shift`. (0, 0) or None: none."""
     rng = random.Random(seed)
     if task == "multi":
         return multi_item(rng)
@@ -278,16 +298,23 @@ def item(seed, task, n_fields=None, scale=None, all_questions=False, max_tokens=
     extra = {}
     if token_share is not None and max_tokens is None:
         max_tokens = max(MTMD_MIN_TOKENS, int(token_share * len(grid) * len(grid[0])))
-    if max_tokens is not None:
-        geometry = mtmd_geometry(image.shape[1], image.shape[0], max_tokens)
-        image = mtmd_resize(image, max_tokens)
-        chars, lines, where = token_targets(grid, boxes, geometry)
+    shift = tuple(shift) if shift is not None and tuple(shift) != (0, 0) else None
+    if shift is not None:
+        image = shift_image(image, *shift)
+    if max_tokens is not None or shift is not None:
+        h, w = image.shape[:2]
+        geometry = mtmd_geometry(w, h, max_tokens) if max_tokens is not None else (w, h, 0, 0, w, h)
+        if max_tokens is not None:
+            image = mtmd_resize(image, max_tokens)
+        chars, lines, where = token_targets(grid, boxes, geometry, shift or (0, 0))
 
         def moved(cs):
             return [None if x is None else (x[0], *where[x[1], x[2]]) for x in cs]
 
         cells, others = moved(cells), [(x[0], x[1], moved(x[2])) for x in others]
         extra = {"token_chars": [chars], "token_lines": [lines], "max_tokens": max_tokens}
+        if shift is not None:
+            extra["shift"] = shift
     elif scale is not None and scale != 1:
         image = downscale(image, scale)
         cells, others = None, [(x[0], x[1], None) for x in others]

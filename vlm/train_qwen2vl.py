@@ -46,6 +46,13 @@ runs the curriculum, blinding, pointer anneal and row weight as at step S + step
   python3 vlm/train_qwen2vl.py --run vlm/runs/qwen2-small --init vlm/runs/qwen2/ckpt-7007.pt --schedule-from 7007 \
       --seed 2 --steps 2000 --lr 4e-4 --warmup 100 --resize 0.55 --resize-tokens 0.25,1 --watch-resize 0.5 \
       --eval-every 200 --workers 2        # rerun the same command to resume (RUN/ckpt.pt wins over --init)
+
+From scratch off the token grid (tiny-qwen2vl v3, issue 48; vlm/runs/qwen2-v3/PLAN.md): without --init and
+--schedule-from, --resize applies from step 0; --shift P moves a share P of the single pages by (dy, dx) pixels,
+each uniform in 0..7, before any resize (gen_pages.shift_image), so glyphs straddle tokens also at the native size
+(with token targets as on resized pages); --vit-width, --vit-heads, --vit-ff and --vit-blocks size the vision tower
+(the text model is unchanged); --save-minutes M also saves every M minutes of wall time. The command is in
+vlm/README.md ("tiny-qwen2vl v3").
 """
 
 import os
@@ -72,13 +79,15 @@ def grid_shape(img):
     return img.shape[0] // gen_pages.CELL, img.shape[1] // gen_pages.CELL
 
 
-def train_items(base_seed, step, batch, blind=0.0, groups=(), resize=None):
+def train_items(base_seed, step, batch, blind=0.0, groups=(), resize=None, shift=0.0):
     """The step's items. With probability `blind` an item gets a "blind" (layer, KV group) from `groups`, whose
     query heads will not see the item's answer cells; drawn from a stream of its own, so the items themselves do
     not depend on blinding. resize=(p, lo, hi): a share p of the single pages resized by mtmd to U(lo, hi) of their
-    native tokens (trainer.curriculum), instead of qwen2's downscaled pages."""
+    native tokens (trainer.curriculum); shift: a share of the single pages moved by 0..7 pixels down and right
+    before any resize. Either replaces qwen2's downscaled pages."""
     items = trainer.train_items(base_seed, step, batch, gen_pages.item, multi_from=2000, p_multi=0.06,
-                                scale_from=None if resize else 500, resize=resize)
+                                scale_from=None if resize or shift else 500, resize=resize,
+                                shift=(shift, gen_pages.CELL) if shift else None)
     blind_rng = random.Random(f"blind {base_seed} {step}")
     for it in items:
         it["blind"] = blind_rng.choice(groups) if groups and blind_rng.random() < blind else None
@@ -256,7 +265,8 @@ def train(rank, args):
     """One worker: its share of each step's item groups (trainer.fit sums the workers' gradients)."""
     world = args.workers
     trainer.start_worker(args, rank, world)
-    config = Config(n_vocab=len(vocab()[0]), rope_base=args.rope_base, v_block=args.vit_blocks)
+    config = Config(n_vocab=len(vocab()[0]), rope_base=args.rope_base, v_block=args.vit_blocks, v_embd=args.vit_width,
+                    v_head=args.vit_heads, v_ff=args.vit_ff)
     torch.manual_seed(args.seed)
     model = TinyQwen2VL(config)
     # No weight decay on biases and norms (the usual practice; it also keeps the K biases, see qwen2vl.py).
@@ -277,7 +287,7 @@ def train(rank, args):
         step += args.schedule_from  # the curriculum, blinding, pointer anneal and row weight (and the data's seed)
         w_pointer = args.pointer_weight * (1 - 0.9 * min(1.0, max(0.0, (step - a0) / max(1, a1 - a0))))
         items = train_items(args.seed, step, args.batch, trainer.blind_at(step, args.blind_schedule), blind_groups,
-                            args.resize_schedule)
+                            args.resize_schedule, args.shift)
         groups = worker_groups(items, rank, world, args.questions)
         sums, counts = batch_sums(model, groups, args.questions, pointer_layers)
         counts, values, stop = trainer.reduce_step(sums, counts, stopping, world)
@@ -317,6 +327,10 @@ def main():
     ap.add_argument("--vit-blocks", type=int, default=Config.v_block,
                     help="ViT blocks; with --init from a checkpoint with fewer, the new ones start as identities "
                          "(zero output projections) after the old ones: the same function, more depth to learn with")
+    ap.add_argument("--vit-width", type=int, default=Config.v_embd, help="the ViT's width (v_embd)")
+    ap.add_argument("--vit-heads", type=int, default=Config.v_head,
+                    help="the ViT's attention heads (each head's size a multiple of 4: its 2-D rotary positions)")
+    ap.add_argument("--vit-ff", type=int, default=Config.v_ff, help="the ViT's MLP width")
     ap.add_argument("--schedule-from", type=int, default=0,
                     help="run the curriculum, blinding, pointer anneal and row weight as at this step + the step "
                          "(a fine-tune continues the original run's last stage; also offsets the data's seeds)")
@@ -325,6 +339,9 @@ def main():
                          "above 0 it replaces qwen2's downscaled pages (which had none)")
     ap.add_argument("--resize-tokens", default="0.25,1",
                     help="LO,HI: a resized page gets --image-max-tokens U(LO, HI) x its native image tokens")
+    ap.add_argument("--shift", type=float, default=0.0,
+                    help="share of single pages moved by (dy, dx) pixels, each uniform in 0..7, before any resize, "
+                         "with reading targets (gen_pages.item's shift); above 0 it replaces qwen2's downscaled pages")
     ap.add_argument("--watch-resize", type=float, default=0.0,
                     help="also watch exact match on the watch set resized by mtmd to this share of native tokens "
                          "(log.csv column eval_exact_resized); 0: not")
@@ -341,6 +358,11 @@ def main():
         ap.error("--resize-tokens LO,HI")
     if not 0 <= args.resize <= 1 or not 0 < lo <= hi <= 1 or not 0 <= args.watch_resize <= 1:
         ap.error("--resize and --watch-resize in 0..1, --resize-tokens 0 < LO <= HI <= 1")
+    if not 0 <= args.shift <= 1:
+        ap.error("--shift in 0..1")
+    if min(args.vit_width, args.vit_heads, args.vit_ff, args.vit_blocks) < 1 or args.vit_width % (4 * args.vit_heads):
+        ap.error("--vit-width a multiple of 4 x --vit-heads (2-D rotary positions turn a quarter of each head's "
+                 "size by row and a quarter by column); --vit-heads, --vit-ff and --vit-blocks at least 1")
     args.resize_schedule = (args.resize, lo, hi) if args.resize > 0 else None
     if args.init and not os.path.exists(args.init):
         ap.error(f"--init {args.init}: no such checkpoint")

@@ -11,6 +11,10 @@ prompts. Training items use seeds >= 1,000,000 only (gen_docs.FIRST_TRAIN_SEED).
 Fine-tuning (train_qwen2vl.py --init): a run can start from another run's weights with a fresh optimiser
 (init_from), its curriculum can resize a share of the single pages as mtmd does (curriculum's `resize`), and the
 watch can report more than one exact match (fit's `watch_names`: extra log.csv columns).
+
+From scratch on pages off the token grid (tiny-qwen2vl v3): the curriculum's `resize` applies from step 0 when no
+--schedule-from is given, and its `shift` moves a share of the pages by a few pixels against the token grid; a run
+can also save every --save-minutes of wall time (a slow, niced run then loses at most that much when killed).
 """
 
 import argparse
@@ -49,6 +53,9 @@ def run_options(doc, steps, batch, questions, save_every, threads=2):
     ap.add_argument("--questions", type=int, default=questions, help="questions asked per training image")
     ap.add_argument("--threads", type=int, default=threads, help="torch's threads")
     ap.add_argument("--save-every", type=int, default=save_every)
+    ap.add_argument("--save-minutes", type=float, default=0.0,
+                    help="also save when this many minutes of wall time have passed since the last save (0: only every "
+                         "--save-every steps)")
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-items", type=int, default=128)
     ap.add_argument("--glyph-weight", type=float, default=1.0,
@@ -59,43 +66,50 @@ def run_options(doc, steps, batch, questions, save_every, threads=2):
 
 
 # --- items and batches ---------------------------------------------------------------------------------------------
-def curriculum(step, rng, multi_from, p_multi, scale_from=None, resize=None):
-    """(task, n_fields, scale, token_share) for one training item at this step. Pages grow from 1-2 fields to 4-7 by
-    step 1000; dense supervision (transcribe the page, read a line) gives way to field questions by step 3000;
+def curriculum(step, rng, multi_from, p_multi, scale_from=None, resize=None, shift=None):
+    """(task, n_fields, scale, keywords) for one training item at this step (keywords: the item's token_share and
+    shift, only those drawn). Pages grow from 1-2 fields to 4-7 by step 1000; dense supervision (transcribe the
+    page, read a line) gives way to field questions by step 3000;
     multi-page needle items (a share p_multi) join at multi_from; from scale_from (None: never) a fifth of the single
     pages are downscaled by 0.5-0.9. resize=(p, lo, hi) (None: never; no draws then, so the items are those of a
     run without it): a share p of the single pages is resized as mtmd does to token_share = U(lo, hi) of their
-    native image tokens (gen_pages.item's token_share), else token_share is None."""
+    native image tokens (gen_pages.item's token_share). shift=(p, n) (None: never, no draws): a share p of the single
+    pages is moved by (dy, dx), each uniform in 0..n-1 pixels, before any resize (gen_pages.item's shift)."""
     hi = min(7, 2 + step // 200)
     n = rng.randint(1, hi) if rng.random() < 0.3 else rng.randint(max(1, hi - 3), hi)
     ramp = min(1.0, step / 3000)
     p_read, p_row = 0.4 - 0.2 * ramp, 0.25 - 0.15 * ramp
     p_multi = p_multi if step >= multi_from else 0.0
     scale = rng.uniform(0.5, 0.9) if scale_from is not None and step >= scale_from and rng.random() < 0.2 else None
-    share = None
+    extra = {}
     if resize is not None:
         p, lo, hi = resize
-        share = rng.uniform(lo, hi) if rng.random() < p else None
+        if rng.random() < p:
+            extra["token_share"] = rng.uniform(lo, hi)
+    if shift is not None:
+        p, n_px = shift
+        if rng.random() < p:
+            extra["shift"] = (rng.randrange(n_px), rng.randrange(n_px))
     u = rng.random()
     if u < p_multi:
-        return "multi", None, None, None
+        return "multi", None, None, {}
     if u < p_multi + p_read:
-        return "read", n, scale, share
+        return "read", n, scale, extra
     if u < p_multi + p_read + p_row:
-        return "row", n, scale, share
-    return "qa", n, scale, share
+        return "row", n, scale, extra
+    return "qa", n, scale, extra
 
 
 def train_items(base_seed, step, batch, item, **schedule):
     """The step's items, which depend only on (base_seed, step): item(seed, task, n_fields, scale) of curriculum's
-    draws (schedule: its keywords; item(..., token_share=F) for the pages it resizes), each asking its other
-    questions in a shuffled order."""
+    draws (schedule: its keywords; item(..., token_share=F, shift=(dy, dx)) for the pages it resizes or moves), each
+    asking its other questions in a shuffled order."""
     rng = random.Random(base_seed * 1_000_003 + step)
     out = []
     for _ in range(batch):
-        task, n, scale, share = curriculum(step, rng, **schedule)
+        task, n, scale, extra = curriculum(step, rng, **schedule)
         seed = rng.randrange(FIRST_TRAIN_SEED, 2**31)
-        it = item(seed, task, n, scale) if share is None else item(seed, task, n, scale, token_share=share)
+        it = item(seed, task, n, scale, **extra)
         rng.shuffle(it["others"])
         out.append(it)
     return out
@@ -401,6 +415,7 @@ def fit(args, model, opt, losses, watch, names, rank=0, world=1, optional=(), wa
     signal.signal(signal.SIGTERM, lambda *_: signals.append(1))
     signal.signal(signal.SIGINT, lambda *_: signals.append(1))
     t_start, hist, stop = time.time(), [], False
+    last_save, save_seconds = t_start, 60 * getattr(args, "save_minutes", 0.0)
     seconds = lambda: seconds0 + time.time() - t_start  # noqa: E731
     while step < args.steps and not stop:
         for g in opt.param_groups:
@@ -429,8 +444,9 @@ def fit(args, model, opt, losses, watch, names, rank=0, world=1, optional=(), wa
             print(f"step {step}: held-out exact match {em:.3f}" + "".join(f", {n} {x:.3f}" for n, x in
                                                                        zip(watch_names, more)),
                   file=sys.stderr, flush=True)
-        if step % args.save_every == 0 or stop:
+        if step % args.save_every == 0 or stop or (save_seconds > 0 and time.time() - last_save >= save_seconds):
             save(ckpt_path, model, opt, step, seconds(), args)
+            last_save = time.time()
     if lead:
         save(ckpt_path, model, opt, step, seconds(), args)
         print(f"saved step {step} to {ckpt_path}", file=sys.stderr)

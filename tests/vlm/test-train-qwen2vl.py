@@ -12,6 +12,12 @@
   (its new blocks start as identities), and other configuration differences are still refused.
 - Resuming a checkpoint saved before a training-only module existed: the other parameters and their optimizer
   state come back by name, the new module starts without state; a checkpoint missing anything else is refused.
+- --save-minutes saves when that much wall time has passed since the last save.
+- tiny-qwen2vl v3's options: the items of runs without them are those of before they existed (hashes pinned from
+  that code); the curriculum resizes and shifts its shares of the single pages from step 0; a step-0 batch of pages
+  resized to 0.35-1x their tokens has as many image tokens as mtmd's floor(side / beta) sizes allow, in an M-RoPE
+  grid of the image's shape; a wider, multi-head ViT gives one text-width token per 8x8 pixels with the parameters
+  its sizes give; sizes whose heads cannot hold the 2-D rotary positions are refused.
 - trainer.py: the learning rate's warmup and cosine; greedy decoding stops each row at its EOS or at max_new and
   extends the prompts in place; the watch set is decoded in batches of one image count with the model in eval mode;
   tiny-vlm's trainer (vlm/train.py, tested nowhere else) run 3 steps equals 2 steps, a stop and a resumed third, bit
@@ -19,8 +25,10 @@
 Needs torch (scripts/setup.sh --training); exits 77 (skipped) without it. Usage: test-train-qwen2vl.py ROOT"""
 
 import argparse
+import hashlib
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -42,7 +50,7 @@ import trainer  # noqa: E402
 from blocks import BOS, EOS, attention, encode  # noqa: E402
 from blocks import vocab as char_vocab  # noqa: E402
 from model import Config as VlmConfig, TinyVLM  # noqa: E402
-from qwen2vl import Config, TinyQwen2VL, vocab  # noqa: E402
+from qwen2vl import VISION_END_ID, VISION_START_ID, Config, TinyQwen2VL, vocab  # noqa: E402
 from trainer import open_log, resume  # noqa: E402
 
 # attention with a key mask against a loop over heads, queries and keys
@@ -263,6 +271,18 @@ check(same(straight["model"], resumed["model"]) and same(straight["opt"], resume
       "3 steps equal 2 steps and a resumed third: parameters and optimizer state, bit for bit")
 check(not same(init, straight["model"]), "and the steps moved the parameters from the seed's initial ones")
 
+# --save-minutes: a save whenever that much wall time has passed since the last one, besides --save-every and the end
+saved_at, real_save = [], trainer.save
+trainer.save = lambda path, model, opt, step, *rest: (saved_at.append(step), real_save(path, model, opt, step, *rest))
+with tempfile.TemporaryDirectory() as d:
+    for extra in ([], ["--save-minutes", "1e-6"]):
+        sys.argv = ["train.py", "--run", os.path.join(d, str(len(extra))), "--steps", "3", "--batch", "2", "--seed",
+                    "1000003", "--threads", "1", "--eval-items", "2", "--eval-every", "1000", "--save-every", "1000"] + extra
+        V.main()
+        saved_at.append("|")
+trainer.save = real_save
+check(saved_at == [3, "|", 1, 2, 3, 3, "|"], f"saved at the end only, and with --save-minutes after every step: {saved_at}")
+
 # workers (a stand-in for train(rank, args)): one that fails stops the others at once; finishing ones end the run
 with tempfile.TemporaryDirectory() as d:
     with open(os.path.join(d, "stand_in.py"), "w") as f:
@@ -331,4 +351,75 @@ with tempfile.TemporaryDirectory() as d:
     except SystemExit as e:
         code = str(e)
     check(code is not None and "another model configuration" in code, "another width is still refused")
+
+# tiny-qwen2vl v3 (issue 48). Runs without --shift, --vit-* and from-scratch resizing draw the items they drew before
+# those options existed: hashes of three steps' items (default, default with qwen2's downscaled pages, and the v2
+# fine-tune's resized ones with blinding) pinned from the code before the change.
+def items_hash(items):
+    m = hashlib.sha256()
+    for it in items:
+        m.update(repr((it["question"], it["answer"], it["cells"], it["others"], it["type"], it.get("token_chars"),
+                       it.get("max_tokens"))).encode())
+        for img in it["images"]:
+            m.update(img.tobytes())
+            m.update(repr(img.shape).encode())
+    return m.hexdigest()[:16]
+
+
+check([items_hash(T.train_items(1, 2500, 12)), items_hash(T.train_items(1, 600, 12)),
+       items_hash(T.train_items(3, 7012, 12, 0.75, [(3, 0), (3, 1)], (0.6, 0.4, 1.0)))] ==
+      ["c6f1b223e9bead3b", "95c3cf4a85ed9d32", "71174ac0fa2832b9"], "runs without the v3 options draw the same items")
+
+# The curriculum from step 0: shares of single pages resized (token share in range) and shifted (0..7 pixels each way).
+draws = [trainer.curriculum(0, random.Random(k), multi_from=0, p_multi=0.0, resize=(0.65, 0.35, 1.0), shift=(0.5, 8))
+         for k in range(4000)]
+shares = [d[3]["token_share"] for d in draws if "token_share" in d[3]]
+shifts = [d[3]["shift"] for d in draws if "shift" in d[3]]
+check(abs(len(shares) / 4000 - 0.65) < 0.03 and all(0.35 <= x <= 1 for x in shares) and
+      abs(len(shifts) / 4000 - 0.5) < 0.03 and set(shifts) == {(y, x) for y in range(8) for x in range(8)} and
+      all(d[2] is None and d[1] in (1, 2) for d in draws),
+      f"step 0: {len(shares) / 40:.1f}% resized to 0.35-1x tokens, {len(shifts) / 40:.1f}% shifted by all 64 offsets, "
+      "pages of 1-2 fields, no downscaling")
+
+# A step-0 batch with every single page resized to 0.35-1x its tokens and shifted. mtmd keeps the aspect ratio and
+# floors each side to whole tokens: N tokens allowed of R x C native gives floor(R / beta) x floor(C / beta),
+# beta = sqrt(RC/N), so at least N - (R + C) / beta + 1 of them.
+items = T.train_items(1_000_048, 0, 12, resize=(1.0, 0.35, 1.0), shift=1.0)
+bad = []
+for it in items:
+    R, C = len(it["grids"][0]), len(it["grids"][0][0])
+    rows, cols = (n // 8 for n in it["images"][0].shape[:2])
+    n, beta = it["max_tokens"], math.sqrt(R * C / it["max_tokens"])
+    if not (math.floor(0.35 * R * C) <= n <= R * C and n - (R + C) / beta + 1 - 1e-6 <= rows * cols <= n and
+            len(it["token_chars"][0]) == rows and len(it["token_chars"][0][0]) == cols and "shift" in it):
+        bad.append((R, C, n, rows, cols))
+tokens, positions, _, slots, cell_targets, _ = T.make_batch(items, 3)
+grids_ok = True
+for (row, start), it, cells in zip(slots, items, cell_targets):
+    rows, cols = (n // 8 for n in it["images"][0].shape[:2])
+    pos = positions[row, start: start + rows * cols]
+    p = int(pos[0, 0])
+    grid = torch.tensor([(p, p + r, p + c) for r in range(rows) for c in range(cols)])
+    grids_ok &= torch.equal(pos, grid) and cells[0].numel() == rows * cols and \
+        int(tokens[row, start - 1]) == VISION_START_ID and int(tokens[row, start + rows * cols]) == VISION_END_ID
+check(not bad and len(slots) == len(items) == 12,
+      f"step 0, all pages resized: token counts as mtmd's floor allows {bad}")
+check(grids_ok, "each page's image tokens: one M-RoPE (row, column) grid of the resized image's shape between the "
+      "vision start and end tokens, as many glyph targets")
+
+# A wider ViT with 2 heads: one token of the text width per 8x8 pixels; its parameters as its sizes give.
+E, F_, B = 96, 384, 4
+wide = TinyQwen2VL(Config(n_vocab=len(vocab()[0]), v_embd=E, v_head=2, v_ff=F_, v_block=B)).eval()
+img = torch.from_numpy(items[0]["images"][0][None].copy())
+with torch.no_grad():
+    out = wide.vision(img)
+n_vision = 3 * E * 16 + B * (4 * E + 4 * (E * E + E) + E * F_ + F_ + F_ * E + E) + 2 * E + (16 * E * E + 4 * E) + \
+    (4 * E * 128 + 128)
+check(out.shape == (1, img.shape[1] * img.shape[2] // 64, 128) and
+      sum(p.numel() for p in wide.vision.parameters()) == n_vision, f"a 96-wide, 2-head ViT: {tuple(out.shape)}, "
+      f"{n_vision} parameters")
+bad_sizes = subprocess.run([sys.executable, os.path.join(VLM, "train_qwen2vl.py"), "--run", tempfile.gettempdir(),
+                            "--vit-width", "100", "--vit-heads", "2"], capture_output=True, text=True)
+check(bad_sizes.returncode == 2 and "multiple of 4 x --vit-heads" in bad_sizes.stderr,
+      "--vit-width 100 --vit-heads 2 is refused (a head of 50 cannot hold 2-D rotary positions)")
 finish()
