@@ -3,8 +3,9 @@
 # on its device what depends on where the cache lives: the exact-logit tests of the ragged cache against the reference
 # forward (test-adapter, test-session: uniform, PyramidKV, AdaKV, MadaKV, merges, chunked prefill, snapshots; llama,
 # qwen2, qwen2vl, qwen3vl and gemma3's sliding-window layers; flash attention on and off) with every layer offloaded and with one layer left on the CPU, the bytes a
-# compression copies to the host, counted by hand; the bundled tiny VLM answering the README's question with the same
-# greedy tokens on the device as on the CPU; and the server tests with every layer offloaded.
+# compression copies to the host, counted by hand; the eight VLM families' exact tests; the bundled tiny VLM answering
+# the README's question with the same greedy tokens on the device as on the CPU; and the server tests with every layer
+# offloaded.
 #   scripts/test-gpu.sh [--backend vulkan|cuda]
 # Vulkan runs where no GPU is on Mesa's lavapipe, a Vulkan device on the CPU that ggml-vulkan lists only when
 # GGML_VK_VISIBLE_DEVICES names it (0 here unless set): slow, but the device path, buffers and kernels are real.
@@ -15,7 +16,7 @@ backend=vulkan
 build_dir=build-$backend
 export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0}
 
-ECOKV_BUILD_TARGETS="ecokv-cli test-adapter test-session test-run test-tiny-vlm" \
+ECOKV_BUILD_TARGETS="ecokv-cli test-adapter test-session test-families test-run test-tiny-vlm" \
     bash scripts/setup.sh --no-demo --backend "$backend"
 ecokv=$build_dir/bin/ecokv
 "$ecokv" run --list-devices | tee "$build_dir/devices.txt"
@@ -29,6 +30,8 @@ for ngl in 99 2; do  # every layer; the last layer and the output (layer 0 stays
     echo "== exact-logit tests, ECOKV_TEST_NGL=$ngl"
     GGML_VK_DISABLE_F16=1 ECOKV_TEST_NGL=$ngl ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)" -R "$exact"
 done
+echo "== the eight families (docs/families.md), every layer and the projector on the device (F32 shaders)"
+GGML_VK_DISABLE_F16=1 ECOKV_TEST_NGL=99 ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)" -R '^families/'
 echo "== the CLI on the device (every layer offloaded: -ngl auto; F32 shaders, as above)"
 GGML_VK_DISABLE_F16=1 ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)" -R '^run\.|tiny_vlm\.'
 
@@ -46,11 +49,5 @@ sys.exit(0 if a == b and gpu["bytes_to_host"] > 0 else 1)
 PY
 
 echo "== ecokv serve -ngl 99 (the slow-clients part is the CPU job's: tests/server/test-serve.sh says why)"
-# Lavapipe itself sometimes segfaults in one of its worker threads while the server decodes a chunked prefill's
-# second chunk (ggml_vk_synchronize; seen before and after issue 31's changes, mostly on a loaded machine: docs/gpu.md,
-# "Known problems"). A failed run is shown whole and run once more; a second failure fails the job.
-if ! SERVE_ARGS="-ngl 99" SKIP_SLOW_CLIENTS=1 bash tests/server/test-serve.sh "$ecokv"; then
-    echo "test-gpu.sh: the server tests failed on $backend (above); running them once more (docs/gpu.md, Known problems)"
-    SERVE_ARGS="-ngl 99" SKIP_SLOW_CLIENTS=1 bash tests/server/test-serve.sh "$ecokv"
-fi
+SERVE_ARGS="-ngl 99" SKIP_SLOW_CLIENTS=1 bash tests/server/test-serve.sh "$ecokv"
 echo "test-gpu.sh: all passed on $backend"

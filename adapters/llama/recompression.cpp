@@ -106,14 +106,7 @@ void sequence::impl::reselect(const method_spec & spec, const method_params & pa
     info.select_seconds = seconds_since(t0);
     t0                  = std::chrono::steady_clock::now();
     const uint64_t before = llama::kv_bytes_allocated(q.ctx.get());
-    context_ptr fresh = q.rebuilds_in_new_context() ? q.replacement_context(n_room) : nullptr;
-    make_ragged(fresh ? fresh.get() : q.ctx.get(), cap, info.sel, n_room, q.n_past - 1,
-                { q.ctx.get(), cap.n_kv_heads, q.layout, q.ragged_room });
-    if (fresh) {
-        write_window(fresh.get(), read_window(q.ctx.get()));
-        q.ctx        = std::move(fresh);
-        q.ran_graphs = false;
-    }
+    make_ragged(q.ctx.get(), cap, info.sel, n_room, q.n_past - 1, { q.ctx.get(), cap.n_kv_heads, q.layout, q.ragged_room });
     info.rebuild_seconds = seconds_since(t0);
 
     for (size_t i = 0; i < q.kept_cells.size(); ++i) {  // the new cells numbered on, their modality after the kept's

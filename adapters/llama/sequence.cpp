@@ -107,22 +107,12 @@ int32_t sequence::impl::head_cells() const {
     return std::max(store_cells(ctx.get(), true), int32_t(*std::max_element(layout.begin(), layout.end())) + 1 + ragged_room);
 }
 
-context_ptr sequence::impl::replacement_context(int32_t n_cells) const {
-    llama_context_params p = cparams;
-    p.n_ctx                = uint32_t(std::max(n_cells, 1) + window_cells(s->model));
-    if (capture) {
-        capture->attach(p);
-    }
-    return new_context(s->model, p);
-}
-
 void sequence::impl::note_peak(uint64_t transient) {
     peak_cells = std::max(peak_cells, head_cells());
     peak_bytes = std::max(peak_bytes, llama::kv_bytes_allocated(ctx.get()) + transient);
 }
 
 void sequence::impl::decode(const std::vector<llama_token> & tokens) {
-    ran_graphs = true;
     logits     = consistent([&] { return llama::decode(ctx.get(), tokens, n_past); });
     n_past    += llama_pos(tokens.size());
     own_logits = true;
@@ -130,7 +120,6 @@ void sequence::impl::decode(const std::vector<llama_token> & tokens) {
 }
 
 void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool may_end_with_image) {
-    ran_graphs = true;
     if (!in.chunks) {
         decode(std::vector<llama_token>(in.tokens.begin() + ptrdiff_t(from), in.tokens.begin() + ptrdiff_t(to)));
         return;
@@ -305,10 +294,7 @@ sequence sequence::compress(const method_spec & spec, const method_params & para
 void sequence::compress_in_place(const method_spec & spec, const method_params & params) {
     check_prompt_window(impl_->n_prompt, { true, spec, params });
     const uint64_t   before = kv_bytes_allocated();
-    const bool       fresh  = impl_->rebuilds_in_new_context();  // the capture moves with the kept entries
-    compressed_cache cc     = impl_->compress(impl_->prefill(), spec, params, impl_->n_extra,
-                                              fresh ? impl_->capture.get() : nullptr, !fresh);
-    impl_->ran_graphs = impl_->ran_graphs && !fresh;
+    compressed_cache cc     = impl_->compress(impl_->prefill(), spec, params, impl_->n_extra, nullptr, true);
     impl_->become_compressed(*impl_, std::move(cc));
     impl_->note_peak(before);  // the full cache and the kept entries, while these were written
 }

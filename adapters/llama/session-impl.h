@@ -35,7 +35,6 @@ context_ptr new_context(const llama_model * model, const llama_context_params & 
 // Whether a compression "in place" makes a new context instead (the old one freed once the kept entries are written):
 // with a GPU device in the build, because reserving a context again after it ran graphs with an eval callback (the
 // query capture) corrupts memory in ggml-vulkan 0.5.0 on lavapipe (docs/gpu.md has the reproducer).
-bool fresh_context_per_compression();
 
 // Throws ecokv::error when a prompt of n_cells and n_extra new tokens exceeds the session's context (session::n_ctx).
 void check_fits(const session & s, int64_t n_cells, int32_t n_extra);
@@ -68,7 +67,6 @@ struct sequence::impl {
     mutable std::unique_ptr<prefill_state> state;  // views of the prefilled cache, made on demand
     bool                           prefilled = false;
     bool                           values    = true;  // the methods read the values: copy them from a device
-    bool                           ran_graphs = false;  // ctx decoded something (fresh_context_per_compression)
 
     int32_t               n_cells = 0;
     int32_t               n_extra = 0;  // room for new tokens, besides the prompt's or kept entries
@@ -136,14 +134,6 @@ struct sequence::impl {
     // KV cells per head as allocated: the usual cache's cells, or a ragged one's longest head with its room.
     int32_t head_cells() const;
 
-    // A new context like this one's (the capture attached) of n_cells, to replace ctx where a ragged cache cannot be
-    // made in ctx itself (fresh_context_per_compression).
-    context_ptr replacement_context(int32_t n_cells) const;
-
-    // Whether a ragged cache written now must go to a replacement_context: ctx ran graphs, on a GPU build
-    // (fresh_context_per_compression says why).
-    bool rebuilds_in_new_context() const { return ran_graphs && fresh_context_per_compression(); }
-
     // Compresses again in place over what each (layer, KV head) keeps and the cells decoded since the last compression
     // (decoded_modality), whose last captured queries are the window, the last n_keep_last of them kept whole; leaves
     // room for n_room tokens. The rows read are counted in comp.bytes_to_host with the queries read since.
@@ -203,7 +193,6 @@ struct sequence::impl {
     // logits become the last ones computed. The probe, when asked for and present, records every step into out.
     template <typename F> auto steps(std::vector<std::vector<std::vector<float>>> * out, F && f) {
         const bool probe = out != nullptr && capture != nullptr;
-        ran_graphs       = true;
         if (probe) {
             capture->set_probe(true);
         }

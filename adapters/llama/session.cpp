@@ -50,8 +50,6 @@ llama_context_params context_params(const session_options & o, int32_t n_cells) 
     return p;
 }
 
-bool fresh_context_per_compression() { return gpu_offload_supported(); }
-
 context_ptr new_context(const llama_model * model, const llama_context_params & p) {
     context_ptr ctx(llama_init_from_model(const_cast<llama_model *>(model), p));
     if (!ctx) {

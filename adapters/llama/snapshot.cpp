@@ -97,15 +97,8 @@ void sequence::restore(const snapshot & s) {
     impl_->state.reset();
     impl_->prefilled = false;
     impl_->comp      = {};
-    context_ptr fresh = !s.layout.empty() && impl_->rebuilds_in_new_context()
-                            ? impl_->replacement_context(int32_t(llama_n_ctx(impl_->ctx.get())))
-                            : nullptr;
     try {
-        write_state(fresh ? fresh.get() : impl_->ctx.get(), s, impl_->n_extra);
-        if (fresh) {
-            impl_->ctx        = std::move(fresh);
-            impl_->ran_graphs = false;
-        }
+        write_state(impl_->ctx.get(), s, impl_->n_extra);
     } catch (...) {
         impl_->n_past = impl_->origin_n_past = impl_->n_cells = 0;
         impl_->logits.clear();

@@ -1,8 +1,9 @@
 // Reproducer (docs/gpu.md), llama.cpp's API only: a context with an eval callback decodes a prompt, is reserved again
 // (llama_set_causal_attn toggled: sched_need_reserve), and decodes again. With ggml-vulkan 0.5.0 on Mesa 22.3's
 // lavapipe and every layer offloaded, memory is corrupted (glibc aborts, or lavapipe's queue thread crashes); without
-// the callback, or without the second reserve (NO_RESERVE=1), it runs clean. ecokv compresses into a new context on
-// GPU builds because of it (adapters/llama/session-impl.h: fresh_context_per_compression).
+// the callback, or without the second reserve (NO_RESERVE=1), it runs clean. The cause is lavapipe reading descriptor
+// bindings left by earlier dispatches (patches/llama.cpp/0003-vulkan-write-every-binding.patch); with the patch it
+// runs clean. test-adapter's a_context_reserved_again_after_its_callback_ran... runs the pattern 200 times.
 //   g++ -std=c++17 tests/gpu/reserve-after-callback.cpp -Ithird_party/llama.cpp/include \
 //       -Ithird_party/llama.cpp/ggml/include -Lbuild-vulkan/bin -lllama -lggml -lggml-base \
 //       -Wl,-rpath,$PWD/build-vulkan/bin -o /tmp/reserve-after-callback

@@ -160,10 +160,6 @@ TEST(adapter, uniform_compaction_equals_the_masked_reference) {
 
 // In place, the full cache is replaced by the kept entries: the same logits, the memory of the kept entries only.
 TEST(adapter, in_place_compaction_equals_the_masked_reference) {
-    if (el::gpu_offload_supported()) {  // the session API compresses into a new context there (docs/gpu.md)
-        GTEST_SKIP() << "reserving a context again after it ran graphs with an eval callback corrupts memory in "
-                        "ggml-vulkan 0.5.0 on lavapipe";
-    }
     const tiny_model m = make_tiny_model({});
     prefill          pf(m, prompt_tokens(40, m.config().n_vocab, 11), text_positions(40));
     EXPECT_EQ(el::kv_bytes_allocated(pf.ctx.get()), 512u * 2 * 2 * 2 * 16 * 2);  // 512 cells, 2 layers, 2 heads
@@ -173,6 +169,35 @@ TEST(adapter, in_place_compaction_equals_the_masked_reference) {
     EXPECT_EQ(llama_kv_layout(pf.ctx.get()), 2);
     EXPECT_EQ(el::kv_bytes_allocated(pf.ctx.get()), ragged_bytes(cc.sel, 6, m.config().head_dim()));
     expect_masked_reference(pf, pf.ctx.get(), cc.sel, { 5, 77, 23, 8, 1, 60 }, 40);
+}
+
+// The pattern that corrupted memory on lavapipe (docs/gpu.md, tests/gpu/reserve-after-callback.cpp), 200 times: a
+// context whose eval callback splits its graphs is reserved again (causal attention toggled) before every decode.
+// Each decode of the same token at the same position gives the reference forward's logits.
+TEST(adapter, a_context_reserved_again_after_its_callback_ran_decodes_as_the_reference) {
+    const tiny_model     m      = make_tiny_model({});
+    std::vector<int32_t> tokens = prompt_tokens(40, m.config().n_vocab, 13);
+    llama_context_params p      = context_params(64);
+    p.cb_eval = [](ggml_tensor * t, bool ask, void *) {
+        if (ask) {
+            return std::strncmp(t->name, "Qcur-", 5) == 0 && t->op == GGML_OP_ROPE;
+        }
+        std::vector<float> q(size_t(ggml_nelements(t)));
+        ggml_backend_tensor_get(t, q.data(), 0, ggml_nbytes(t));
+        return true;
+    };
+    el::context_ptr ctx(llama_init_from_model(m.get(), p));
+    ASSERT_EQ(decode_prompt(ctx.get(), m, tokens, text_positions(40)), 0);
+    const int32_t next = 17;
+    tokens.push_back(next);
+    const std::vector<float> want = reference_logits(m, tokens, text_positions(41));
+    for (int r = 0; r < 200; ++r) {
+        llama_set_causal_attn(ctx.get(), false);  // sched_need_reserve: the next decode reserves again
+        llama_set_causal_attn(ctx.get(), true);
+        llama_memory_seq_rm(llama_get_memory(ctx.get()), 0, 40, -1);
+        const std::vector<float> got = el::decode(ctx.get(), { next }, 40);
+        ASSERT_LT(rel_diff(got, want), logit_rel_tolerance) << "round " << r;
+    }
 }
 
 // The bytes of llama.cpp's own sliding-window stores (an iSWA model's), which a compression leaves as they are.

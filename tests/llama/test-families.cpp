@@ -237,7 +237,10 @@ TEST_P(family_test, a_covering_budget_answers_as_the_full_cache) {
 // StreamingLLM keeps the same cells in every head: llama.cpp's own cache with the others removed is its reference.
 // Without flash attention: CPU flash attention sums V in F16, in the order of the cache's slots, and llama.cpp puts
 // the new tokens into the slots seq_rm freed, so the two caches would round differently (3e-4 of the logits).
+// On a device the two caches' lengths (the kept cells; the prompt with holes) pick different kernels and splits of
+// the same sums: 1.4e-5 to 2.3e-4 of the logits on lavapipe with F32 shaders (docs/gpu.md), hence 5e-4 there.
 TEST_P(family_test, a_head_uniform_selection_is_llama_cpps_cache_without_the_dropped_cells) {
+    const double tolerance = el::gpu_offload_supported() ? 5e-4 : 1e-5;
     family_fixture f(GetParam());
     f.options.flash_attn = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     const el::session    s(f.options);
@@ -260,19 +263,20 @@ TEST_P(family_test, a_head_uniform_selection_is_llama_cpps_cache_without_the_dro
     ref.remove_all_but(cells[0]);
     const std::vector<llama_token> next = { 40, 41, 120, 7, 255 };
     llama_pos                      pos  = ref.n_past;
-    double                         worst = 0;
+    double                         worst = 0, power = 0;
     for (size_t i = 0; i < next.size(); ++i) {
         const std::vector<float> want = el::decode(ref.ctx.get(), { next[i] }, pos++);
         kept.decode({ next[i] });
         worst = std::max(worst, rel_diff(kept.logits(), want));
-        EXPECT_LT(rel_diff(kept.logits(), want), 1e-5) << "step " << i;
+        EXPECT_LT(rel_diff(kept.logits(), want), tolerance) << "step " << i;
         if (i == 0) {  // the test has power: the full cache answers otherwise
             full.decode({ next[0] });
-            EXPECT_GT(rel_diff(full.logits(), want), 1e-3);
+            power = rel_diff(full.logits(), want);
+            EXPECT_GT(power, std::max(1e-3, 3 * tolerance));
         }
     }
-    std::printf("[ info     ] %s: %zu of %d cells kept in every head; logits vs llama.cpp's cache: rel %.2g\n",
-                GetParam().name, cells[0].size(), p.n_cells(), worst);
+    std::printf("[ info     ] %s: %zu of %d cells kept in every head; logits vs llama.cpp's cache: rel %.2g (the "
+                "full cache's %.2g)\n", GetParam().name, cells[0].size(), p.n_cells(), worst, power);
 }
 
 // The prompt as the reference forward sees it, cell by cell, from a raw mtmd context of the same projector file and
