@@ -241,15 +241,22 @@ TEST(session, an_iswa_model_keeps_its_window_through_chunks_rewind_and_snapshots
     next.insert(next.end(), first.tokens.begin(), first.tokens.end() - 1);
     EXPECT_LT(rel_diff(first.logits.back(), reference_logits(m, next, text_positions(int32_t(next.size())), see)),
               logit_rel_tolerance);
+    // The window put back holds its cells in other slots of its cache than the prefill left them in: the same sums, in
+    // another order on a device (6e-6 of the logits on lavapipe; a wrong window moves them by 1e-2).
+    const bool   device = el::gpu_offload_supported();
     seq.rewind();
     const auto again = seq.answer({ 3, 4 }, 6, true);
     for (size_t i = 0; i < again.logits.size(); ++i) {
-        EXPECT_EQ(again.logits[i], first.logits[i]) << "step " << i;
+        if (device) {
+            EXPECT_LT(rel_diff(again.logits[i], first.logits[i]), 2e-5) << "step " << i;
+        } else {
+            EXPECT_EQ(again.logits[i], first.logits[i]) << "step " << i;
+        }
     }
     el::sequence moved = s.resume(origin, ecokv::compression::none(), 16);
     const auto   there = moved.answer({ 3, 4 }, 6, true);
     for (size_t i = 0; i < there.logits.size(); ++i) {
-        EXPECT_LT(rel_diff(there.logits[i], first.logits[i]), 1e-6) << "step " << i;
+        EXPECT_LT(rel_diff(there.logits[i], first.logits[i]), device ? 2e-5 : 1e-6) << "step " << i;
     }
 }
 
