@@ -10,16 +10,18 @@
 //   default 32): turns/s, latency, and the memory of the kept conversations.
 import fs from 'node:fs';
 const [url, imagePath, seconds = '10'] = process.argv.slice(2);
-const image = `data:image/png;base64,${fs.readFileSync(imagePath).toString('base64')}`;
-const body = (question, kv) => JSON.stringify({
+const image = process.env.PAGES ? '' : `data:image/png;base64,${fs.readFileSync(imagePath).toString('base64')}`;
+const body = (question, kv, page = image) => JSON.stringify({
   max_tokens: 12,
-  messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: image } }, { type: 'text', text: question }] }],
+  messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: page } }, { type: 'text', text: question }] }],
   ...(kv === undefined ? {} : { kv_compression: kv }),
 });
 const metrics = async () => Object.fromEntries((await (await fetch(`${url}/metrics`)).text())
   .split('\n').filter((l) => l.startsWith('ecokv_')).map((l) => l.split(' ')).map(([k, v]) => [k, Number(v)]));
 
-// `clients` loops for `seconds`, each posting `payload` and waiting for the whole answer.
+// `clients` loops for `seconds`, each posting `payload` (or payload(n), n counting the requests sent) and waiting for
+// the whole answer.
+let sent = 0;
 async function load(payload, clients) {
   const latencies = [];
   let failed = 0;
@@ -29,7 +31,8 @@ async function load(payload, clients) {
     while (performance.now() < end) {
       const start = performance.now();
       const res = await fetch(`${url}/v1/chat/completions`,
-        { method: 'POST', headers: { 'content-type': 'application/json' }, body: payload });
+        { method: 'POST', headers: { 'content-type': 'application/json' },
+          body: typeof payload === 'function' ? payload(sent++) : payload });
       await res.text();
       if (res.ok) latencies.push(performance.now() - start); else ++failed;
     }
@@ -75,6 +78,23 @@ async function converse(kv, clients, turns) {
   const q = (p) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))];
   return { tps: latencies.length / wall, gen: tokens / wall, p50: q(0.5), p99: q(0.99), conversations, failed,
            held: held.reduce((a, b) => a + b, 0) / Math.max(1, held.length) };
+}
+
+// PAGES=dir (bench/bench-cores.sh): every request a page the server has not seen (the next PNG of dir, each used
+// once), at 1 and 2 clients: requests/s and latency, and the server's prefix hits (0 when every page is new).
+if (process.env.PAGES) {
+  const dir = process.env.PAGES;
+  const pages = fs.readdirSync(dir).filter((f) => f.endsWith('.png')).sort()
+    .map((f) => `data:image/png;base64,${fs.readFileSync(`${dir}/${f}`).toString('base64')}`);
+  const rows = [];
+  for (const clients of (process.env.CLIENTS || '1,2').split(',').map(Number)) {
+    const before = await metrics();
+    const r = await load((n) => body('What is the TOTAL?', undefined, pages[n % pages.length]), clients);
+    const after = await metrics();
+    rows.push({ clients, ...r, hits: after.ecokv_cache_prefix_hits_total - before.ecokv_cache_prefix_hits_total });
+  }
+  console.log(JSON.stringify({ sent, pages: pages.length, rows }));
+  process.exit(sent > pages.length ? 1 : 0);  // a page sent twice could hit the server's prefix entries
 }
 
 if (process.env.TURNS) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check (bench/gpu.md): on a machine with an NVIDIA GPU (CUDA) or any Vulkan GPU, builds ecokv with that
 # backend (CUDA for this GPU's architecture only, to keep the build short), runs the exact-logit tests of the ragged
-# cache on the device (test-adapter, test-session with every layer offloaded; their failures are reported with the
-# op and tolerance, the benches still run), then bench-decode and bench-prefill at Qwen2-VL-2B's shape with every
+# cache on the device (test-adapter, test-session and the eight families' test-families with every layer offloaded;
+# their failures are reported with the op and tolerance, the benches still run), then bench-decode and bench-prefill at Qwen2-VL-2B's shape with every
 # layer on the device:
 #   - decode tok/s of compressed caches against an uncompressed context of the same cells (target >= 0.97), for a
 #     uniform budget (one attention per layer) and AdaKV (one per KV head);
@@ -23,7 +23,7 @@ t0=$(date +%s)
 
 cmake_args=""
 [ "$backend" = cuda ] && cmake_args="-DCMAKE_CUDA_ARCHITECTURES=native"
-ECOKV_CMAKE_ARGS="$cmake_args" ECOKV_BUILD_TARGETS="ecokv-cli bench-decode bench-prefill test-adapter test-session" \
+ECOKV_CMAKE_ARGS="$cmake_args" ECOKV_BUILD_TARGETS="ecokv-cli bench-decode bench-prefill test-adapter test-session test-families" \
     bash scripts/setup.sh --no-demo --backend "$backend" 2>&1 | tail -3
 "$build_dir/bin/ecokv" run --list-devices | tee "$out/devices.txt"
 grep -q '^  [A-Za-z]*0: ' "$out/devices.txt" || { echo "gpu-check.sh: no $backend device"; exit 1; }
@@ -32,7 +32,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 
 echo "== exact-logit tests on the device (every layer offloaded; the CPU tests' tolerances)"
 # Vulkan: ggml-vulkan's F32 shaders, as in scripts/test-gpu.sh; CUDA runs as it is (its F16 paths are what is checked).
-if GGML_VK_DISABLE_F16=1 ECOKV_TEST_NGL=99 ctest --test-dir "$build_dir" --output-on-failure -j4 -R 'adapter\.|session\.' \
+if GGML_VK_DISABLE_F16=1 ECOKV_TEST_NGL=99 ctest --test-dir "$build_dir" --output-on-failure -j4 -R 'adapter\.|session\.|^families/' \
         > "$out/exact-tests.log" 2>&1; then
     echo "exact-logit tests: all passed" | tee "$out/exact-tests.txt"
 else

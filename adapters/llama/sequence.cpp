@@ -112,6 +112,17 @@ void sequence::impl::note_peak(uint64_t transient) {
     peak_bytes = std::max(peak_bytes, llama::kv_bytes_allocated(ctx.get()) + transient);
 }
 
+void sequence::impl::take_threads() {
+    if (!s->opts.threads_now) {
+        return;
+    }
+    const int32_t n = std::max(1, s->opts.threads_now());
+    if (n != int32_t(cparams.n_threads) || n != int32_t(cparams.n_threads_batch)) {
+        llama_set_n_threads(ctx.get(), n, n);
+        cparams.n_threads = cparams.n_threads_batch = n;
+    }
+}
+
 void sequence::impl::decode(const std::vector<llama_token> & tokens) {
     logits     = consistent([&] { return llama::decode(ctx.get(), tokens, n_past); });
     n_past    += llama_pos(tokens.size());
@@ -120,6 +131,7 @@ void sequence::impl::decode(const std::vector<llama_token> & tokens) {
 }
 
 void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool may_end_with_image) {
+    take_threads();
     if (!in.chunks) {
         decode(std::vector<llama_token>(in.tokens.begin() + ptrdiff_t(from), in.tokens.begin() + ptrdiff_t(to)));
         return;

@@ -158,9 +158,13 @@ struct sequence::impl {
     // Records the memory held now, plus `transient` bytes held a moment before together with it.
     void note_peak(uint64_t transient = 0);
 
+    // The context computes with session_options::threads_now() threads, when the session has that.
+    void take_threads();
+
     // Runs f, which decodes from n_past; when it throws, whatever it decoded is removed again, so that n_past and
     // logits still describe the cache.
     template <typename F> auto consistent(F && f) {
+        take_threads();
         try {
             return f();
         } catch (...) {

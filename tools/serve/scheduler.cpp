@@ -62,13 +62,17 @@ struct scheduler::place {
             const std::lock_guard<std::mutex> lock(sched.mutex_);
             --sched.busy_;
             sched.slot_states_[id].is_processing = false;
+            if (sched.cores_) {
+                sched.cores_->set_running(sched.busy_);
+            }
         }
         sched.free_.notify_one();
     }
 };
 
-scheduler::scheduler(const el::session & s, cache_tier & cache, serve_stats & stats, int32_t slots, int32_t queue) :
-    s_(s), cache_(cache), stats_(stats), slots_(slots), queue_(queue), slot_states_(size_t(slots)) {}
+scheduler::scheduler(const el::session & s, cache_tier & cache, serve_stats & stats, int32_t slots, int32_t queue,
+                     core_share * cores) :
+    s_(s), cache_(cache), stats_(stats), slots_(slots), queue_(queue), cores_(cores), slot_states_(size_t(slots)) {}
 
 std::shared_ptr<scheduler::place> scheduler::admit() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -82,6 +86,9 @@ std::shared_ptr<scheduler::place> scheduler::admit() {
         --waiting_;
     }
     ++busy_;
+    if (cores_) {
+        cores_->set_running(busy_);
+    }
     const auto idle = std::find_if(slot_states_.begin(), slot_states_.end(), [](const auto & s) { return !s.is_processing; });
     *idle           = { true, 0, 0, std::nullopt };
     // no temporary: its destructor would free a slot

@@ -9,6 +9,7 @@
 
 #include "ecokv/llama-session.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -26,6 +27,19 @@ struct serve_stats {
     std::atomic<uint64_t> prefill_us{ 0 }, decode_us{ 0 };
 };
 
+// The cores the running requests share (ecokv serve -t 0): each decode asks threads(), cores / running, so that a
+// lone request computes on every core and n requests split them instead of each keeping cores / slots.
+class core_share {
+  public:
+    explicit core_share(int32_t cores) : cores_(std::max(1, cores)) {}
+    int32_t threads() const { return std::max(1, cores_ / std::max(1, running_.load())); }
+    void    set_running(int32_t n) { running_ = n; }
+
+  private:
+    const int32_t        cores_;
+    std::atomic<int32_t> running_{ 0 };
+};
+
 // One answer in the making: the sequence after the prompt, what was reused, and the conversation kept.
 struct turn {
     std::optional<llama::sequence>             seq;
@@ -38,7 +52,9 @@ struct turn {
 
 class scheduler {
   public:
-    scheduler(const llama::session & s, cache_tier & cache, serve_stats & stats, int32_t slots, int32_t queue);
+    // cores: told how many requests run (null: each runs with the session's threads).
+    scheduler(const llama::session & s, cache_tier & cache, serve_stats & stats, int32_t slots, int32_t queue,
+              core_share * cores = nullptr);
 
     // A place among the slots, freed when the last copy is gone (the answer streamed out). Waits for one; throws
     // request_error 503 when every slot and the queue are taken.
@@ -72,6 +88,7 @@ class scheduler {
     cache_tier &            cache_;
     serve_stats &           stats_;
     const int32_t           slots_, queue_;
+    core_share *            cores_;
     mutable std::mutex      mutex_;
     std::condition_variable free_;
     int32_t                 busy_ = 0, waiting_ = 0;

@@ -96,8 +96,9 @@ int ecokv_serve(int argc, char ** argv) {
 
         const bool          bundled = args.count("model") == 0;
         el::session_options sopt = ecokv::tools::engine_options_from(args);
-        if (sopt.n_threads == 0) {  // slots decode at once: they share the cores, each does not take them all
-            sopt.n_threads = std::max(1, el::default_thread_count() / so.slots);
+        if (sopt.n_threads == 0) {  // requests running at once share the cores; a lone one has them all
+            so.cores         = std::make_shared<ecokv::serve::core_share>(el::default_thread_count());
+            sopt.threads_now = [cores = so.cores] { return cores->threads(); };
         }
         sopt.model_path  = bundled ? ecokv::tools::bundled_file("tiny-vlm.gguf") : args["model"].as<std::string>();
         sopt.mmproj_path = args.count("mmproj") ? args["mmproj"].as<std::string>()
@@ -115,8 +116,10 @@ int ecokv_serve(int argc, char ** argv) {
         g_server = &server;
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
-        std::fprintf(stderr, "ecokv serve: %s on http://%s:%d (%d slots of %d threads, queue %d, cache %d MiB, %s)\n",
-                     so.model_name.c_str(), so.host.c_str(), server.port(), so.slots, sopt.n_threads, so.queue,
+        const std::string threads = so.cores ? std::to_string(el::default_thread_count()) + " cores shared"
+                                             : std::to_string(sopt.n_threads) + " threads each";
+        std::fprintf(stderr, "ecokv serve: %s on http://%s:%d (%d slots, %s, queue %d, cache %d MiB, %s)\n",
+                     so.model_name.c_str(), so.host.c_str(), server.port(), so.slots, threads.c_str(), so.queue,
                      int(so.cache_bytes >> 20), so.kv.compress ? "compressed conversations" : "full caches");
         if (args.count("port-file")) {
             const std::string path = args["port-file"].as<std::string>();

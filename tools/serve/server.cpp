@@ -52,7 +52,7 @@ chat_server::chat_server(const el::session & s, serve_options o) :
     o_(std::move(o)),
     http_(std::make_unique<httplib::Server>()),
     cache_(o_.cache_bytes),
-    scheduler_(s_, cache_, stats_, o_.slots, o_.queue) {
+    scheduler_(s_, cache_, stats_, o_.slots, o_.queue, o_.cores.get()) {
     setup_http();
 }
 

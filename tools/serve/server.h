@@ -40,6 +40,8 @@ struct serve_options {
     std::string              api_key;            // non-empty: every endpoint but /health needs "Bearer <key>"
     int32_t                  max_connections = 256;   // open at once; past it a 503 and the connection closed
     int32_t                  request_timeout_s = 10;  // a request's headers and body must arrive within it
+    // -t 0: the cores the running requests share (the session's threads_now asks it); null: fixed threads
+    std::shared_ptr<core_share> cores;
 };
 
 class chat_server {

@@ -27,6 +27,7 @@
 #include <llama.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,9 @@ struct session_options {
                                                     // model's training context
     int32_t               n_threads  = 0;           // compute threads; 0: default_thread_count()
     int32_t               n_threads_batch = 0;      // threads of prompt (batch) processing; 0: n_threads
+    // When set, the threads of every decode and compression, asked before each one (a server's share of the cores
+    // among the requests running now); n_threads and n_threads_batch are then the contexts' first.
+    std::function<int32_t()> threads_now;
     int32_t               n_batch    = 2048;        // logical batch, capped at the context size
     int32_t               n_ubatch   = 0;           // physical batch; 0: llama.cpp's default
     llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;
