@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A lone request on all the cores (issue 43): ecokv serve --slots 2 where every request brings a page the server has
-# not seen (image prefill, compression, 12 answer tokens), at 1 and 2 clients, for three ways of giving out threads,
-# interleaved ROUNDS times on one machine (it is shared: compare neighbours):
+# not seen (image prefill, compression, 12 answer tokens), at 1, 2 and 8 clients (CLIENTS), for three ways of giving
+# out threads, interleaved ROUNDS times on one machine (it is shared: compare neighbours):
 #   static   -t N/slots (each context a fixed share of the cores: what -t 0 meant before)
 #   shared   -t 0 (the cores divided among the requests running now: a lone request has them all)
 #   1 slot   --slots 1 -t 0 (one request at a time on every core)
@@ -11,6 +11,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ECOKV=${1:-$ROOT/build/bin/ecokv}
 SECONDS_PER=${2:-10}
+export CLIENTS=${CLIENTS:-1,2,8}  # concurrent clients, a point each
 DIR=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$DIR"' EXIT
 cores=$(nproc)
@@ -55,7 +56,7 @@ json.dump({"seconds_per_point": float(sys.argv[3]), "cores": int(sys.argv[4]), "
 print(f"| round | threads | clients | requests/s | p50 ms | p99 ms | prefix hits | vs static | server CPU s / wall s |")
 print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 for r in runs:
-    wall = 2 * float(sys.argv[3])
+    wall = len(r["rows"]) * float(sys.argv[3])
     for row in r["rows"]:
         base = next(x for x in runs if x["round"] == r["round"] and x["name"].startswith("static"))
         b = next(x for x in base["rows"] if x["clients"] == row["clients"])
