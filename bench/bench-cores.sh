@@ -50,9 +50,11 @@ for round in $(seq "${ROUNDS:-2}"); do
 done
 mkdir -p "$ROOT/bench/results"
 /usr/bin/python3 - "$DIR/all.jsonl" "$ROOT/bench/results/cores.json" "$SECONDS_PER" "$cores" <<'PY'
-import json, sys
+import json, os, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
-json.dump({"seconds_per_point": float(sys.argv[3]), "cores": int(sys.argv[4]), "runs": runs}, open(sys.argv[2], "w"), indent=1)
+with open(sys.argv[2] + ".tmp", "w") as f:  # renamed into place: an interrupted run leaves the last results whole
+    json.dump({"seconds_per_point": float(sys.argv[3]), "cores": int(sys.argv[4]), "runs": runs}, f, indent=1)
+os.replace(sys.argv[2] + ".tmp", sys.argv[2])
 print(f"| round | threads | clients | requests/s | p50 ms | p99 ms | prefix hits | vs static | server CPU s / wall s |")
 print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 for r in runs:

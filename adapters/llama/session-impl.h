@@ -32,10 +32,6 @@ llama_context_params context_params(const session_options & o, int32_t n_cells);
 
 context_ptr new_context(const llama_model * model, const llama_context_params & p);
 
-// Whether a compression "in place" makes a new context instead (the old one freed once the kept entries are written):
-// with a GPU device in the build, because reserving a context again after it ran graphs with an eval callback (the
-// query capture) corrupts memory in ggml-vulkan 0.5.0 on lavapipe (docs/gpu.md has the reproducer).
-
 // Throws ecokv::error when a prompt of n_cells and n_extra new tokens exceeds the session's context (session::n_ctx).
 void check_fits(const session & s, int64_t n_cells, int32_t n_extra);
 
