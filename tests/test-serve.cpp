@@ -2,6 +2,7 @@
 // tested end to end with real clients by tests/server/test-serve.sh.
 #include "chat-request.h"
 #include "conversation-cache.h"
+#include "scheduler.h"
 
 #include "ecokv/llama-session.h"
 
@@ -235,3 +236,18 @@ TEST(serve, the_cache_finds_equal_and_shorter_prompts_and_keeps_one_copy) {
 }
 
 }  // namespace
+
+// -t 0: the cores divided among the requests running now, counted by hand; never fewer than one thread.
+TEST(serve, running_requests_share_the_cores) {
+    ecokv::serve::core_share two(2), sixteen(16), none(0);
+    EXPECT_EQ(two.threads(), 2);  // nothing admitted yet: a request arriving has them all
+    two.set_running(1);
+    EXPECT_EQ(two.threads(), 2);
+    two.set_running(2);
+    EXPECT_EQ(two.threads(), 1);
+    two.set_running(3);
+    EXPECT_EQ(two.threads(), 1);
+    sixteen.set_running(3);
+    EXPECT_EQ(sixteen.threads(), 5);
+    EXPECT_EQ(none.threads(), 1);
+}
