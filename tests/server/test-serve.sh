@@ -213,6 +213,20 @@ for e in content:
 assert "".join(e["token"] for e in content) == r["choices"][0]["message"]["content"], r
 PY
 echo "ok - logprobs and top_logprobs"
+# ignore_eos (llama-server's): the greedy answer that stops early runs on to max_tokens, the same tokens first
+for ignore in false true; do
+    curl -s -H 'Content-Type: application/json' --data-binary "{\"ignore_eos\": $ignore, \"max_tokens\": 16, ${body:1}" \
+        "$URL/v1/chat/completions" > "$DIR/eos.$ignore"
+done
+python3 - "$DIR/eos.false" "$DIR/eos.true" <<'PY2' || { echo "not ok - ignore_eos: $(cat "$DIR/eos.false" "$DIR/eos.true")"; exit 1; }
+import json, sys
+short, long = (json.load(open(f)) for f in sys.argv[1:])
+assert short["choices"][0]["finish_reason"] == "stop" and short["usage"]["completion_tokens"] < 16, short
+assert long["choices"][0]["finish_reason"] == "length" and long["usage"]["completion_tokens"] == 16, long
+assert long["choices"][0]["message"]["content"].startswith(short["choices"][0]["message"]["content"]), (short, long)
+PY2
+refused ignore_eos "{\"ignore_eos\": 1, $hi}"
+echo "ok - ignore_eos"
 # stream_options.include_usage: usage in one last chunk with no choices, and only when asked
 for usage in true false; do
     curl -s -N -H 'Content-Type: application/json' --data-binary "{\"stream\": true, \"stream_options\": {\"include_usage\": $usage}, ${body:1}" \

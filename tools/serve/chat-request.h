@@ -34,6 +34,7 @@ struct chat_request {
     uint64_t                          seed        = 0;
     bool                              has_seed    = false;
     std::vector<std::string>          stop;
+    bool                              ignore_eos = false;  // llama-server's: end-of-generation tokens never picked
     bool                              stream = false;
     bool                              include_usage = false;  // stream_options.include_usage: a usage chunk last
     bool                              logprobs      = false;  // the chosen tokens' log-probabilities

@@ -94,9 +94,24 @@ void chat_server::generate(turn & t, const chat_request & r, const answer_header
     size_t                   sent = 0, n_decoded = 0;
     bool                     alive = true;
     const auto               t0    = clock_type::now();
+    std::vector<llama_token> eog;  // with ignore_eos: the tokens never picked
+    std::vector<float>       masked;
+    for (llama_token v = 0; r.ignore_eos && v < llama_token(t.seq->logits().size()); ++v) {
+        if (s_.is_end_of_generation(v)) {
+            eog.push_back(v);
+        }
+    }
     try {
         for (int32_t i = 0; i < r.max_tokens && alive; ++i) {
-            const llama_token tok = pick(t.seq->logits(), r.temperature, rng);
+            const std::vector<float> * logits = &t.seq->logits();
+            if (!eog.empty()) {
+                masked = *logits;
+                for (const llama_token v : eog) {
+                    masked[size_t(v)] = -INFINITY;
+                }
+                logits = &masked;
+            }
+            const llama_token tok = pick(*logits, r.temperature, rng);
             if (s_.is_end_of_generation(tok)) {
                 finish = "stop";
                 break;
