@@ -130,6 +130,18 @@ void sequence::impl::decode(const std::vector<llama_token> & tokens) {
     note_decoded(tokens.size());
 }
 
+// The projector's embeddings of an image (or audio) chunk. The projector encodes one at a time (its context is not
+// thread-safe); the embeddings are copied out, so that their decode into this sequence's own context runs beside
+// another request's encode.
+std::vector<float> sequence::impl::encode_media(const mtmd_input_chunk * c) const {
+    const std::lock_guard<std::mutex> lock(s->mtmd_mutex);
+    if (mtmd_encode_chunk(s->projector.get(), c) != 0) {
+        throw error("encoding an image of the prompt failed");
+    }
+    const float * out = mtmd_get_output_embd(s->projector.get());
+    return { out, out + mtmd_input_chunk_get_n_tokens(c) * size_t(llama_model_n_embd_inp(s->model)) };
+}
+
 void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool may_end_with_image) {
     take_threads();
     if (!in.chunks) {
@@ -161,10 +173,11 @@ void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool 
             if (!s->projector) {
                 throw error("an image prompt needs a session with a projector");
             }
-            const std::lock_guard<std::mutex> lock(s->mtmd_mutex);
-            llama_pos                         next = n_past;
-            if (mtmd_helper_eval_chunk_single(s->projector.get(), ctx.get(), c, n_past, 0,
-                                              int32_t(llama_n_batch(ctx.get())), true, &next) != 0) {
+            const std::vector<float> embd = encode_media(c);
+            llama_pos                next = n_past;
+            if (mtmd_helper_decode_image_chunk(s->projector.get(), ctx.get(), c, const_cast<float *>(embd.data()),
+                                               n_past, 0, int32_t(llama_n_batch(ctx.get())), &next, nullptr,
+                                               nullptr) != 0) {
                 throw error("evaluating an image of the prompt failed (context full?)");
             }
             n_past     = next;

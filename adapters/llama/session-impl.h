@@ -187,7 +187,8 @@ struct sequence::impl {
     // Decodes units [from, to) of `in` at n_past: text tokens in batches, images encoded and decoded by libmtmd.
     // Units ending with an image leave no logits (libmtmd computes none): an error unless `may_end_with_image`
     // (a chunk of a chunked prefill, whose logits nobody reads).
-    void eval(const prompt::impl & in, size_t from, size_t to, bool may_end_with_image = false);
+    void               eval(const prompt::impl & in, size_t from, size_t to, bool may_end_with_image = false);
+    std::vector<float> encode_media(const mtmd_input_chunk * c) const;
 
     // Greedy decoding (or teacher forcing) through f from n_past: n_past moves past the tokens f decoded and the
     // logits become the last ones computed. The probe, when asked for and present, records every step into out.

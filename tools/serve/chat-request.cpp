@@ -157,7 +157,7 @@ const neutral_field k_neutral_fields[] = {
 
 // The fields the parsers read: every request's, then a chat's or a completion's own.
 const char * const k_common_fields[] = { "model", "max_tokens", "max_completion_tokens", "temperature", "seed",
-                                         "stop", "ignore_eos", "stream", "stream_options", "n", "kv_compression", "user" };
+                                         "stop", "ignore_eos", "kv_kept", "stream", "stream_options", "n", "kv_compression", "user" };
 const char * const k_chat_fields[]       = { "messages", "logprobs", "top_logprobs" };
 const char * const k_completion_fields[] = { "prompt" };
 
@@ -235,6 +235,8 @@ void read_common_fields(const json & body, const request_limits & limits, chat_r
     }
     const json & ignore_eos = field(body, "ignore_eos", json::value_t::boolean, "");
     r.ignore_eos            = ignore_eos.is_boolean() && ignore_eos.get<bool>();
+    const json & kv_kept    = field(body, "kv_kept", json::value_t::boolean, "");
+    r.kv_kept               = kv_kept.is_boolean() && kv_kept.get<bool>();
     if (body.contains("stop") && !body["stop"].is_null()) {
         const json & stop = body["stop"];
         if (stop.is_string() && !stop.get<std::string>().empty()) {

@@ -35,6 +35,7 @@ struct chat_request {
     bool                              has_seed    = false;
     std::vector<std::string>          stop;
     bool                              ignore_eos = false;  // llama-server's: end-of-generation tokens never picked
+    bool                              kv_kept    = false;  // ecokv's: the answer says what each KV head holds
     bool                              stream = false;
     bool                              include_usage = false;  // stream_options.include_usage: a usage chunk last
     bool                              logprobs      = false;  // the chosen tokens' log-probabilities

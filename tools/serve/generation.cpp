@@ -166,18 +166,27 @@ void chat_server::generate(turn & t, const chat_request & r, const answer_header
     u.kv_recompressions  = t.seq->n_recompressions();
     u.kv_bytes_full      = t.seq->kv_bytes_of_cells(t.prompt_cells + int32_t(out.size()));
     const json usage     = usage_json(u);
+    const json kv_kept   = t.cells ? kept_json(s_, *t.seq, *t.cells, decoded, u.kv_bytes_kept) : json();
     if (r.stream) {
         if (sent < text.size() || !pending.empty()) {
             event(content_chunk(text.substr(sent)));
         }
-        event(stream_chunk(h, json::object(), finish));
+        json last = stream_chunk(h, json::object(), finish);
+        if (!kv_kept.is_null()) {
+            last["kv_kept"] = kv_kept;
+        }
+        event(last);
         if (r.include_usage) {  // as OpenAI: one more chunk, with no choices, carrying the usage
             event(usage_chunk(h, usage));
         }
         send("data: [DONE]\n\n");
         return;
     }
-    send(json_text(answer_body(h, text, finish, r.logprobs ? logprobs : json(), usage)));
+    json body = answer_body(h, text, finish, r.logprobs ? logprobs : json(), usage);
+    if (!kv_kept.is_null()) {
+        body["kv_kept"] = kv_kept;
+    }
+    send(json_text(body));
 }
 
 }  // namespace ecokv::serve

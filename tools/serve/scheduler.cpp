@@ -110,6 +110,9 @@ std::shared_ptr<turn> scheduler::begin(const place & at, const chat_request & r,
     }
     const std::vector<uint64_t> & units = p->units();
     t->prompt_cells                     = p->n_cells();
+    if (r.kv_kept) {
+        t->cells = describe_cells(s_, *p);
+    }
     if (int64_t(t->prompt_cells) + r.max_tokens > s_.n_ctx()) {
         throw request_error(400, "invalid_request_error", r.prompt_text ? "prompt" : "messages",
                             "the prompt (" + std::to_string(t->prompt_cells) + " tokens) plus max_tokens (" +

@@ -6,6 +6,7 @@
 
 #include "cache-tier.h"
 #include "chat-request.h"
+#include "kept-view.h"
 
 #include "ecokv/llama-session.h"
 
@@ -48,6 +49,7 @@ struct turn {
     int32_t                                    prompt_cells = 0, cached_cells = 0;
     double                                     prefill_s    = 0;
     std::optional<entry_kind>                  hit;  // what it resumed, or nothing (prefilled from the start)
+    std::optional<cell_map>                    cells;   // the prompt's cells, when the request asks for kv_kept
 };
 
 class scheduler {
