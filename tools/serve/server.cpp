@@ -80,6 +80,7 @@ void chat_server::stop() {
 
 const std::vector<chat_server::route> & chat_server::route_table() {
     static const std::vector<route> table = {
+        { "GET", "/", &chat_server::page },
         { "GET", "/health", &chat_server::health },
         { "GET", "/v1/models", &chat_server::models },
         { "GET", "/metrics", &chat_server::metrics },
@@ -121,7 +122,8 @@ void chat_server::setup_http() {
     }
     if (!o_.api_key.empty()) {  // OpenAI's 401 for a missing or wrong key; /health stays open for load balancers
         h.set_pre_routing_handler([this](const httplib::Request & req, httplib::Response & res) {
-            if (req.path == "/health" || same_secret(req.get_header_value("Authorization"), "Bearer " + o_.api_key)) {
+            // The page and /health are open: the page asks for the key, load balancers probe /health.
+            if (req.path == "/health" || req.path == "/" || same_secret(req.get_header_value("Authorization"), "Bearer " + o_.api_key)) {
                 return httplib::Server::HandlerResponse::Unhandled;
             }
             ++stats_.errors;
@@ -240,8 +242,19 @@ void chat_server::detokenize(const httplib::Request & req, httplib::Response & r
     });
 }
 
+extern const char * const k_chat_page;  // tools/serve/web/index.html, embedded by CMake
+
+void chat_server::page(const httplib::Request &, httplib::Response & res) {
+    res.set_content(k_chat_page, "text/html; charset=utf-8");
+}
+
 void chat_server::props(const httplib::Request &, httplib::Response & res) {
-    const char * tmpl = llama_model_chat_template(s_.model(), nullptr);
+    const char * tmpl    = llama_model_chat_template(s_.model(), nullptr);
+    json         methods = json::array();  // the registry's, as --list-methods prints them
+    for (const method_info & m : list_methods()) {
+        methods.push_back({ { "name", m.name }, { "kind", m.kind }, { "description", m.description },
+                            { "defaults", m.defaults } });
+    }
     send_json(res, { { "model_alias", o_.model_name },
                      { "model_path", s_.options().model_path },
                      { "total_slots", o_.slots },
@@ -249,7 +262,10 @@ void chat_server::props(const httplib::Request &, httplib::Response & res) {
                      { "modalities", { { "vision", s_.has_projector() }, { "audio", false } } },
                      { "default_generation_settings",
                        { { "n_ctx", s_.n_ctx() }, { "max_tokens", o_.limits.max_tokens_default },
-                         { "kv_compression", o_.kv.compress ? o_.kv.server.key() : std::string(k_full_cache) } } } });
+                         { "kv_compression", o_.kv.compress ? o_.kv.server.key() : std::string(k_full_cache) } } },
+                     { "kv_methods", methods },
+                     { "kv_method", o_.kv.server.spec.name() },
+                     { "kv_budget", o_.kv.server.params.budget } });
 }
 
 void chat_server::slots(const httplib::Request &, httplib::Response & res) {

@@ -72,6 +72,7 @@ class chat_server {
     void metrics(const httplib::Request & req, httplib::Response & res);
     void tokenize(const httplib::Request & req, httplib::Response & res);
     void detokenize(const httplib::Request & req, httplib::Response & res);
+    void page(const httplib::Request & req, httplib::Response & res);
     void props(const httplib::Request & req, httplib::Response & res);
     void slots(const httplib::Request & req, httplib::Response & res);
     void chat_completions(const httplib::Request & req, httplib::Response & res);
