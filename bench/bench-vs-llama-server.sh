@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ecokv serve against upstream llama-server, same model, same pages, same machine (issue 43).
 #
-#   bench/bench-vs-llama-server.sh [seconds per point]        (default 10; ROUNDS=2, BUDGET=100, ROWS: see below)
+#   bench/bench-vs-llama-server.sh [seconds per point]        (default 10; ROUNDS=2, BUDGET=100, ROWS: see below,
+#                                                             OUT=bench/results/vs-llama-server.json)
 #
 # 1. Builds llama-server once from the pinned llama.cpp tree, unpatched (the bundle scripts/fetch-llama.sh keeps), into
 #    build-peer/ (git-ignored; never part of setup or the default build), with the flags of our own build.
@@ -154,5 +155,5 @@ for round in $(seq "$ROUNDS"); do
 done
 
 mkdir -p "$ROOT/bench/results"
-/usr/bin/python3 "$ROOT/bench/bench-vs-llama-server-table.py" "$DIR" "$ROOT/bench/results/vs-llama-server.json" \
+/usr/bin/python3 "$ROOT/bench/bench-vs-llama-server-table.py" "$DIR" "${OUT:-$ROOT/bench/results/vs-llama-server.json}" \
     "$SECONDS_PER" "$BUDGET"
