@@ -10,8 +10,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <numeric>
 #include <cmath>
+#include <cstdlib>
+#include <numeric>
+#include <optional>
+#include <regex>
 #include <thread>
 
 namespace {
@@ -563,6 +566,73 @@ TEST(session, sequences_decode_concurrently) {
         const el::generation want = f.s.prefill(f.s.make_prompt(prompts[i]), 8, window(0)).greedy(6, true);
         EXPECT_EQ(got[i].tokens, want.tokens) << "sequence " << i;
     }
+}
+
+// ggml's scheduler prints each graph's splits (backend, inputs copied into it) when GGML_SCHED_DEBUG is set as a
+// context is made; what the log says while `on`.
+struct split_log {
+    std::string text;
+    bool        on = false;
+};
+split_log g_splits;
+
+// Decoding on the device moves nothing to the host but the logits, whatever the cache's layout: every split the
+// scheduler runs on the CPU (the token embedding lookup, weights in host memory) takes no input, i.e. nothing computed
+// on the device is copied back, so that a token moves its logits (n_vocab floats) and nothing else. The full cache,
+// uniform and per-head (AdaKV) budgets, and a chunked prefill's cache; three tokens each, after one. With no layer offloaded
+// nothing can move: skipped then.
+TEST(session, decoding_on_the_device_moves_only_the_logits_to_the_host) {
+    if (tiny_config::test_gpu_layers() == 0 || !el::gpu_offload_supported()) {
+        GTEST_SKIP() << "no layer offloaded (ECOKV_TEST_NGL): nothing can move";
+    }
+    setenv("GGML_SCHED_DEBUG", "1", 1);
+    setenv("LLAMA_GRAPH_REUSE_DISABLE", "1", 1);  // every graph split anew, so every token's splits are printed
+    const fixture f;
+    llama_log_set(
+        [](ggml_log_level, const char * text, void *) {
+            if (g_splits.on) {
+                g_splits.text += text;
+            }
+        },
+        nullptr);
+    const auto    tokens = prompt_tokens(60, f.m.config().n_vocab, 21);
+    const auto    p      = f.s.make_prompt(tokens);
+    const ecokv::method_params par = budget(16, 4);
+    struct layout {
+        const char * name;
+        const char * method;  // null: the full cache
+        int32_t      chunk;   // 0: one shot
+    };
+    for (const layout & l : { layout{ "full", nullptr, 0 }, layout{ "uniform", "snapkv+ecokv", 0 },
+                              layout{ "adakv", "adakv+ecokv", 0 }, layout{ "chunked", "snapkv+ecokv", 30 } }) {
+        SCOPED_TRACE(l.name);
+        std::optional<el::sequence> seq;
+        if (!l.method) {
+            seq.emplace(f.s.prefill(p, 8, window(0)));
+        } else {
+            const ecokv::method_spec spec = ecokv::parse_method(l.method);
+            seq.emplace(f.s.prefill(p, l.chunk ? 38 : 8, ecokv::requirements(spec, par), l.chunk ? 30 : size_t(-1)));
+            seq->compress_in_place(spec, par);
+            if (l.chunk) {
+                seq->extend(p, 30, 60, spec, par, 8);
+            }
+        }
+        seq->decode({ 8 });  // llama.cpp reserves the new layout's worst-case graph here: that graph is not run
+        g_splits = { "", true };
+        for (int32_t i = 0; i < 3; ++i) {
+            seq->decode({ 9 + i });
+        }
+        g_splits.on = false;
+        const std::regex split(R"(## SPLIT #\d+: (\S+) # (\d+) inputs)");
+        int32_t          device_splits = 0, cpu_inputs = 0;
+        for (std::sregex_iterator it(g_splits.text.begin(), g_splits.text.end(), split), end; it != end; ++it) {
+            ((*it)[1] == "CPU" ? cpu_inputs : device_splits) += (*it)[1] == "CPU" ? std::stoi((*it)[2]) : 1;
+        }
+        EXPECT_GE(device_splits, 3);  // each token's graph (not reused: LLAMA_GRAPH_REUSE_DISABLE)
+        EXPECT_EQ(cpu_inputs, 0) << g_splits.text;
+    }
+    unsetenv("GGML_SCHED_DEBUG");
+    unsetenv("LLAMA_GRAPH_REUSE_DISABLE");
 }
 
 TEST(session, errors_are_clear) {
