@@ -35,7 +35,7 @@ build_dir=build
 
 packages=(build-essential cmake ninja-build git pkg-config libgtest-dev libgmock-dev libbenchmark-dev
           nlohmann-json3-dev libcxxopts-dev libcpp-httplib-dev curl python3-numpy python3-pil python3-matplotlib
-          chromium)  # chromium: the chat page's test in a real browser (tests/server/test-page.sh)
+          chromium pybind11-dev python3-dev)  # chromium: the chat page's test in a real browser; pybind11: import ecokv
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)  # npm fetches the llama.cpp source
 # Without libopenblas0-pthread Debian's torch runs on the reference BLAS, about 9x slower.
 [[ " $* " == *" --training "* ]] && packages+=(python3-torch libopenblas0-pthread)
@@ -66,6 +66,10 @@ cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DECOKV_
 # ECOKV_BUILD_TARGETS (space-separated) builds only those (scripts/test-gpu.sh); the default builds everything.
 read -r -a targets <<< "${ECOKV_BUILD_TARGETS:-}"
 cmake --build "$build_dir" -j"$(nproc)" ${targets[@]+--target "${targets[@]}"}
+# The Python module into the interpreter's site-packages, so that `python3 -c "import ecokv"` works (python/).
+if [ "$backend" = cpu ] && ((${#targets[@]} == 0)); then
+    cmake --install "$build_dir" --component python >/dev/null
+fi
 
 [[ " $* " == *" --no-demo "* ]] && exit 0
 

@@ -1,0 +1,193 @@
+// The Python module `ecokv` (issue 47): the registry, the option table and the methods over arrays, as kvpress's users
+// hold them ([layers, kv_heads, tokens, head_dim], float32 or float16, anything with the buffer protocol: numpy arrays,
+// torch CPU tensors through .numpy()). Arrays are read in place through strided views (no copy); the GIL is released
+// while a method runs. Errors are the library's messages: ValueError for shapes and options, OSError for files.
+#include "ecokv/capture.h"
+#include "ecokv/compress.h"
+#include "ecokv/error.h"
+#include "ecokv/options.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <filesystem>
+#include <string>
+
+namespace py = pybind11;
+
+namespace {
+
+// A [layers, heads, tokens, dim] array as one tensor_view a layer: the layer's [heads][tokens][dim] slice with the
+// array's own strides. Rows (dim) must be contiguous, as the core reads them.
+std::vector<ecokv::tensor_view> layer_views(const py::buffer_info & b, const char * name) {
+    if (b.ndim != 4) {
+        throw py::value_error(std::string(name) + " must have 4 dimensions [layers, heads, tokens, head_dim], not " +
+                              std::to_string(b.ndim));
+    }
+    ecokv::dtype type;
+    if (b.format == py::format_descriptor<float>::format() && b.itemsize == 4) {
+        type = ecokv::dtype::f32;
+    } else if (b.format == "e" && b.itemsize == 2) {
+        type = ecokv::dtype::f16;
+    } else {
+        throw py::value_error(std::string(name) + " must be float32 or float16, not '" + b.format + "'");
+    }
+    if (b.strides[3] != b.itemsize || b.strides[0] < 0 || b.strides[1] < 0 || b.strides[2] < 0) {
+        throw py::value_error(std::string(name) + "'s last dimension must be contiguous (np.ascontiguousarray)");
+    }
+    std::vector<ecokv::tensor_view> out;
+    for (py::ssize_t l = 0; l < b.shape[0]; ++l) {
+        ecokv::tensor_view v;
+        v.data = static_cast<const char *>(b.ptr) + l * b.strides[0];
+        v.type = type;
+        v.ne   = { b.shape[3], b.shape[2], b.shape[1], 1 };
+        v.nb   = { size_t(b.itemsize), size_t(b.strides[2]), size_t(b.strides[1]), size_t(b.strides[1] * b.shape[1]) };
+        out.push_back(v);
+    }
+    return out;
+}
+
+// The option table's pairs set on the default compression, as the CLI's flags and the server's kv_compression are.
+ecokv::compression compression_of(const py::kwargs & options) {
+    ecokv::compression c;
+    for (const auto & [key, value] : options) {
+        const std::string k = py::str(key);
+        if (py::isinstance<py::bool_>(value)) {
+            ecokv::set_option(c, k, std::string(value.cast<bool>() ? "true" : "false"));
+        } else if (py::isinstance<py::int_>(value)) {
+            ecokv::set_option(c, k, value.cast<int64_t>());
+        } else if (py::isinstance<py::float_>(value)) {
+            ecokv::set_option(c, k, value.cast<double>());
+        } else {
+            ecokv::set_option(c, k, std::string(py::str(value)));
+        }
+    }
+    c.validate();
+    return c;
+}
+
+py::list select_tokens(const py::buffer & keys, const py::buffer & queries, const py::object & values,
+                const py::kwargs & options) {
+    const ecokv::compression c = compression_of(options);
+    const py::buffer_info    k = keys.request(), q = queries.request();
+    std::optional<py::buffer_info> v;
+    if (!values.is_none()) {
+        v = values.cast<py::buffer>().request();
+    }
+    const auto kl = layer_views(k, "keys"), ql = layer_views(q, "queries");
+    ecokv::capture_view cap;
+    cap.n_layers   = int32_t(k.shape[0]);
+    cap.n_kv_heads = int32_t(k.shape[1]);
+    cap.n_tokens   = int32_t(k.shape[2]);
+    cap.head_dim   = int32_t(k.shape[3]);
+    cap.n_heads    = q.ndim == 4 ? int32_t(q.shape[1]) : 0;
+    cap.n_queries  = q.ndim == 4 ? int32_t(q.shape[2]) : 0;
+    cap.head_dim_v = v ? int32_t(v->shape[3]) : cap.head_dim;
+    const auto vl  = v ? layer_views(*v, "values") : std::vector<ecokv::tensor_view>{};
+    if (q.shape[0] != k.shape[0] || (v && v->shape[0] != k.shape[0])) {
+        throw py::value_error("keys, queries and values must have as many layers");
+    }
+    for (int32_t l = 0; l < cap.n_layers; ++l) {
+        ecokv::tensor_view shape_only = kl[size_t(l)];  // values absent: their shape, no data (has_values() false)
+        shape_only.data               = nullptr;
+        cap.layers.push_back({ kl[size_t(l)], v ? vl[size_t(l)] : shape_only, ql[size_t(l)], {} });
+    }
+    ecokv::selection sel;
+    {
+        const py::gil_scoped_release unlocked;
+        sel = ecokv::compress(cap, c.spec, c.params);
+    }
+    py::list layers;
+    for (const auto & layer : sel.layers) {
+        py::list heads;
+        for (const ecokv::head_selection & h : layer) {
+            heads.append(py::array_t<int32_t>(py::ssize_t(h.kept.size()), h.kept.data()));
+        }
+        layers.append(heads);
+    }
+    return layers;
+}
+
+// A SPEC §7 capture file's tensors as arrays [layers, heads, tokens, head_dim] (copies). A missing or bad file is an
+// OSError with the library's message.
+py::dict load_capture(const std::string & path) {
+    std::optional<ecokv::capture_file> opened;
+    try {
+        opened.emplace(ecokv::capture_file::open(path));
+    } catch (const ecokv::error & e) {
+        PyErr_SetString(std::filesystem::exists(path) ? PyExc_OSError : PyExc_FileNotFoundError, e.what());
+        throw py::error_already_set();
+    }
+    const ecokv::capture_file & file = *opened;
+    const ecokv::capture_view & cap = file.view();
+    const auto stack = [&](auto member, int64_t heads, int64_t rows, int64_t dim) {
+        py::array_t<float> out({ int64_t(cap.n_layers), heads, rows, dim });
+        float *            at = out.mutable_data();
+        for (const ecokv::layer_capture & l : cap.layers) {
+            const ecokv::tensor_view & t = l.*member;
+            for (int64_t h = 0; h < heads; ++h) {
+                for (int64_t r = 0; r < rows; ++r, at += dim) {
+                    t.row_f32(r, h, at);
+                }
+            }
+        }
+        return out;
+    };
+    return py::dict(py::arg("keys") = stack(&ecokv::layer_capture::keys, cap.n_kv_heads, cap.n_tokens, cap.head_dim),
+                    py::arg("values") = stack(&ecokv::layer_capture::values, cap.n_kv_heads, cap.n_tokens, cap.head_dim_v),
+                    py::arg("queries") = stack(&ecokv::layer_capture::queries, cap.n_heads, cap.n_queries, cap.head_dim));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(ecokv, m) {
+    m.doc() = "ecokv: KV cache compression methods (ECOKV, MadaKV and their baselines) over arrays.";
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) {
+                std::rethrow_exception(p);
+            }
+        } catch (const ecokv::error & e) {  // option_error included: a bad option, shape or value
+            PyErr_SetString(PyExc_ValueError, e.what());
+        }
+    });
+    m.def(
+        "methods",
+        [] {
+            py::list out;
+            for (const ecokv::method_info & i : ecokv::list_methods()) {
+                out.append(py::dict(py::arg("name") = i.name, py::arg("kind") = i.kind,
+                                    py::arg("description") = i.description, py::arg("defaults") = i.defaults));
+            }
+            return out;
+        },
+        "The registry's scorers and allocators, as `ecokv compress --list-methods` prints them.");
+    m.def(
+        "options",
+        [] {
+            py::list out;
+            for (const ecokv::option_info & o : ecokv::compression_options()) {
+                if (!(o.scope & ecokv::scope_method)) {
+                    continue;
+                }
+                py::list choices;
+                for (const std::string_view c : o.choices) {
+                    choices.append(std::string(c));
+                }
+                out.append(py::dict(py::arg("key") = std::string(o.key), py::arg("help") = std::string(o.help),
+                                    py::arg("default") = ecokv::option_text(ecokv::get_option(ecokv::compression{}, o.key)),
+                                    py::arg("unset") = std::string(o.unset), py::arg("choices") = choices));
+            }
+            return out;
+        },
+        "The method options of the option table (the CLI's flags, the server's kv_compression fields): key, help, "
+        "default, choices.");
+    m.def("select", &select_tokens, py::arg("keys"), py::arg("queries"), py::kw_only(), py::arg("values") = py::none(),
+          "The tokens each (layer, KV head) keeps: keys [layers, kv_heads, tokens, head_dim] (post-RoPE), the "
+          "window's queries [layers, heads, n_queries, head_dim], values [layers, kv_heads, tokens, head_dim_v] "
+          "when the method reads them; options by the table's keys (method='adakv+ecokv', budget=64, window=8...). "
+          "Returns [layer][head] int32 arrays of ascending token indices, as `ecokv compress` selects.");
+    m.def("load_capture", &load_capture, py::arg("path"),
+          "A capture file (SPEC §7 safetensors) as a dict of float32 arrays: keys, values, queries.");
+}

@@ -1,0 +1,107 @@
+"""The Python module against the command line and a second, plain implementation (tests/python, run by ctest).
+    PYTHONPATH=build/python /usr/bin/python3 tests/python/test_ecokv.py build/bin/ecokv"""
+import atexit
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+import ecokv
+
+ecokv_bin, work = sys.argv[1], tempfile.mkdtemp()
+atexit.register(shutil.rmtree, work)
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    print(("ok - " if cond else "not ok - ") + what)
+    failures += not cond
+
+
+# The registry and the option table are the CLI's.
+listed = subprocess.run([ecokv_bin, "compress", "--list-methods"], capture_output=True, text=True, check=True).stdout
+names = [m["name"] for m in ecokv.methods()]
+check(all(any(line.startswith(n + " ") for line in listed.splitlines()) for n in names) and len(names) == len(set(names)) >= 17,
+      f"methods() lists the registry's {len(names)} names, as --list-methods")
+keys = {o["key"]: o for o in ecokv.options()}
+check(keys["budget"]["default"] == "64" and keys["pool"]["choices"] == ["avg", "max"], "options(): the table's rows")
+
+# select() on a capture file equals `ecokv compress` on it, for methods of every kind.
+cap = f"{work}/cap.safetensors"
+subprocess.run([ecokv_bin, "synth-capture", "-o", cap, "--layers", "3", "--kv-heads", "2", "--heads", "4",
+                "--tokens", "200", "--head-dim", "16", "--seed", "7"], check=True, capture_output=True)
+arrays = ecokv.load_capture(cap)
+for method in ["snapkv", "snapkv+ecokv", "adakv+ecokv", "pyramidkv+mixkv", "madakv", "keydiff", "vnorm"]:
+    out = f"{work}/{method}.json"
+    subprocess.run([ecokv_bin, "compress", "-i", cap, "-o", out, "-m", method, "-b", "40"], check=True,
+                   capture_output=True)
+    want = [layer["heads"] for layer in json.load(open(out))["layers"]]
+    got = ecokv.select(arrays["keys"], arrays["queries"], values=arrays["values"], method=method, budget=40)
+    check([[h.tolist() for h in layer] for layer in got] == want, f"select(method={method!r}) equals ecokv compress")
+
+# float16 and strided (non-contiguous) arrays are read in place and select alike.
+k16, q16, v16 = (arrays[n].astype(np.float16) for n in ("keys", "queries", "values"))
+a = ecokv.select(k16, q16, values=v16, method="snapkv", budget=48)
+wide = np.zeros(k16.shape[:3] + (32,), np.float16)
+wide[..., :16] = k16
+b = ecokv.select(wide[..., :16], q16, values=v16, method="snapkv", budget=48)
+check(all((x == y).all() for la, lb in zip(a, b) for x, y in zip(la, lb)), "a strided view selects as a packed array")
+
+# SnapKV by a second, plain implementation (SPEC §3.1: each window query's causal softmax attention over the prompt,
+# mean over the window, then over the query group; avg pooling over the prefix, zero padding counted; top B - N of the
+# prefix, ties to the lower index, plus the window).
+def snapkv(k, q, budget, window, kernel=5):
+    L, H, T, D = k.shape
+    group = q.shape[1] // H
+    out = []
+    for l in range(L):
+        heads = []
+        for h in range(H):
+            qs = q[l, h * group:(h + 1) * group, -window:].astype(np.float64)
+            logits = qs @ k[l, h].astype(np.float64).T / np.sqrt(D)
+            pos = np.arange(T - window, T)[None, :, None]
+            logits = np.where(np.arange(T)[None, None, :] <= pos, logits, -np.inf)
+            p = np.exp(logits - logits.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            a0 = p.mean(1).mean(0)[: T - window]
+            pooled = np.convolve(np.pad(a0, kernel // 2), np.ones(kernel), "valid") / kernel
+            top = np.sort(np.argsort(-pooled, kind="stable")[: budget - window])
+            heads.append(np.concatenate([top, np.arange(T - window, T)]).tolist())
+        out.append(heads)
+    return out
+
+
+mine = snapkv(arrays["keys"], arrays["queries"], 40, 8)
+theirs = ecokv.select(arrays["keys"], arrays["queries"], method="snapkv", budget=40, window=8)
+check([[h.tolist() for h in layer] for layer in theirs] == mine, "SnapKV equals a plain numpy implementation")
+
+# Errors are Python exceptions with the library's messages.
+def raises(kind, fn, text):
+    try:
+        fn()
+    except kind as e:
+        return text in str(e)
+    return False
+
+
+check(raises(ValueError, lambda: ecokv.select(arrays["keys"][0], arrays["queries"], method="snapkv"), "4 dimensions"),
+      "a 3-d array is a ValueError")
+check(raises(ValueError, lambda: ecokv.select(arrays["keys"], arrays["queries"], method="nosuch"), "nosuch"),
+      "an unknown method is a ValueError naming it")
+check(raises(ValueError, lambda: ecokv.select(arrays["keys"], arrays["queries"], budget=4, window=8), "--budget"),
+      "a budget below the window is a ValueError")
+nan = arrays["keys"].copy()
+nan[1, 0, 3, 2] = np.nan
+check(raises(ValueError, lambda: ecokv.select(nan, arrays["queries"], method="snapkv"), "NaN"), "NaN is a ValueError")
+check(raises(ValueError, lambda: ecokv.select(arrays["keys"], arrays["queries"], method="ecokv"), "value rows"),
+      "a method that reads values without them is a ValueError")
+check(raises(FileNotFoundError, lambda: ecokv.load_capture(f"{work}/none.safetensors"), "none.safetensors"),
+      "a missing capture is a FileNotFoundError")
+open(f"{work}/bad.safetensors", "wb").write(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+check(raises(OSError, lambda: ecokv.load_capture(f"{work}/bad.safetensors"), "bad.safetensors"),
+      "a corrupt capture is an OSError naming the file")
+sys.exit(1 if failures else 0)
