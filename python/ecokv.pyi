@@ -1,5 +1,5 @@
 """ecokv: KV cache compression methods (ECOKV, MadaKV and their baselines) over arrays (python/module.cpp)."""
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -20,3 +20,21 @@ def select(keys: Any, queries: Any, *, values: Any = None, **options: Any) -> Li
 
 def load_capture(path: str) -> Dict[str, np.ndarray]:
     """A capture file (SPEC §7 safetensors) as float32 arrays: keys, values, queries. OSError for a bad file."""
+
+class Sequence:
+    """A prefilled prompt's KV cache, full or compressed."""
+    kv_bytes: int  # KV bytes the cache holds
+    n_cells: int   # the prompt's cells
+    def compress(self, **options: Any) -> "Sequence":
+        """A compressed copy of this full-cache sequence (method=, budget=, window=, ...)."""
+    def ask(self, question: Any, max_tokens: int = 32) -> Any:
+        """The greedy answer to a question (str), or the answers to a list of them, each from the prompt's state."""
+    def kept(self) -> Optional[List[List[np.ndarray]]]:
+        """[layer][head] int32 arrays of the prompt cells each KV head kept; None for a full cache."""
+
+class Model:
+    """A GGUF model (and libmtmd projector) loaded by llama.cpp."""
+    def __init__(self, path: str, mmproj: Optional[str] = None, verbose: bool = False, **engine: Any) -> None:
+        """Engine options by llama.cpp's names: n_gpu_layers=0, n_ctx, type_k, type_v, n_threads, flash_attn, ..."""
+    def prefill(self, prompt: str, images: List[str] = [], *, max_tokens: int = 32, **options: Any) -> Sequence:
+        """Prefills the context (images as file paths); with compression options, compressed as `ecokv run` does."""

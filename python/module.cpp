@@ -6,6 +6,7 @@
 #include "ecokv/compress.h"
 #include "ecokv/error.h"
 #include "ecokv/options.h"
+#include "session.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -188,6 +189,9 @@ PYBIND11_MODULE(ecokv, m) {
           "window's queries [layers, heads, n_queries, head_dim], values [layers, kv_heads, tokens, head_dim_v] "
           "when the method reads them; options by the table's keys (method='adakv+ecokv', budget=64, window=8...). "
           "Returns [layer][head] int32 arrays of ascending token indices, as `ecokv compress` selects.");
+#if ECOKV_PYTHON_SESSION
+    add_session(m);
+#endif
     m.def("load_capture", &load_capture, py::arg("path"),
           "A capture file (SPEC §7 safetensors) as a dict of float32 arrays: keys, values, queries.");
 }

@@ -104,4 +104,32 @@ check(raises(FileNotFoundError, lambda: ecokv.load_capture(f"{work}/none.safeten
 open(f"{work}/bad.safetensors", "wb").write(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
 check(raises(OSError, lambda: ecokv.load_capture(f"{work}/bad.safetensors"), "bad.safetensors"),
       "a corrupt capture is an OSError naming the file")
+
+# The llama.cpp session: compress once, ask many, as `ecokv run --question` answers (tiny-qwen2vl, the sample page).
+if hasattr(ecokv, "Model"):
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(ecokv_bin))))
+    models = f"{root}/models"
+    image = f"{models}/tiny-qwen2vl-sample/images/qa-240014.png"
+    questions = ["What is the TOTAL?", "What is the TAX?", "What is the BEEF?"]
+    cli = subprocess.run([ecokv_bin, "run", "--model", f"{models}/tiny-qwen2vl.gguf", "--mmproj",
+                          f"{models}/tiny-qwen2vl-mmproj.gguf", "--image", image, "-m", "adakv+ecokv", "-b", "100",
+                          "-n", "12", "--json"] + [a for q in questions for a in ("--question", q)],
+                         capture_output=True, text=True, check=True)
+    want = [a["text"] for a in json.loads(cli.stdout)["answers"]]
+    m = ecokv.Model(f"{models}/tiny-qwen2vl.gguf", mmproj=f"{models}/tiny-qwen2vl-mmproj.gguf", n_threads=2)
+    full = m.prefill("", [image], max_tokens=12)
+    compressed = full.compress(method="adakv+ecokv", budget=100)
+    check(compressed.ask(questions, max_tokens=12) == want, f"Sequence.ask answers as ecokv run: {want}")
+    direct = m.prefill("", [image], max_tokens=12, method="adakv+ecokv", budget=100)
+    check(direct.ask(questions[0], max_tokens=12) == want[0], "a compressed prefill answers alike")
+    kept = compressed.kept()
+    entries = sum(len(h) for layer in kept for h in layer)
+    # an entry is K and V of one head: 2 x 32 dims x 2 bytes (f16); AdaKV shares 8 x 100 among the heads
+    check(full.kept() is None and len(kept) == 4 and all(len(layer) == 2 for layer in kept) and
+          entries <= 800 and compressed.kv_bytes == entries * 128,
+          f"kept(): [layer][head] cells, {entries} entries, {compressed.kv_bytes} bytes")
+    check(compressed.kv_bytes < full.kv_bytes / 4, f"kv_bytes {compressed.kv_bytes} against {full.kv_bytes}")
+    check(raises(ValueError, lambda: m.prefill("", [image], method="nosuch"), "nosuch"), "a bad method: ValueError")
+    check(raises(ValueError, lambda: ecokv.Model(f"{work}/none.gguf"), "no such model file"), "a missing model: ValueError")
 sys.exit(1 if failures else 0)

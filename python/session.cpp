@@ -1,0 +1,187 @@
+// ecokv.Model and ecokv.Sequence: the llama.cpp session from Python (issue 47), "compress once, ask many" as kvpress
+// frames it: a prompt (text and images) prefilled once, compressed by any method, then questions answered on the
+// compressed cache, each from the same state (sequence::rewind).
+#include "session.h"
+
+#include "ecokv/error.h"
+#include "ecokv/llama-options.h"
+#include "ecokv/llama-session.h"
+#include "ecokv/options.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+
+namespace py = pybind11;
+namespace el = ecokv::llama;
+
+namespace {
+
+// Window queries a prefill keeps for compress(): more than any scorer's default window (32).
+constexpr int32_t k_captured_queries = 64;
+
+ecokv::option_value python_value(const py::handle & v) {
+    if (py::isinstance<py::bool_>(v)) {
+        return std::string(v.cast<bool>() ? "true" : "false");
+    }
+    if (py::isinstance<py::int_>(v)) {
+        return v.cast<int64_t>();
+    }
+    if (py::isinstance<py::float_>(v)) {
+        return v.cast<double>();
+    }
+    return std::string(py::str(v));
+}
+
+// llama-cpp-python's argument names for the engine table's rows.
+std::string engine_key(const std::string & name) {
+    if (name == "n_ctx") return "ctx_size";
+    if (name == "n_threads") return "threads";
+    if (name == "n_threads_batch") return "threads_batch";
+    if (name == "n_batch") return "batch_size";
+    if (name == "n_ubatch") return "ubatch_size";
+    if (name == "type_k") return "cache_type_k";
+    if (name == "type_v") return "cache_type_v";
+    return name;
+}
+
+struct model {
+    std::shared_ptr<el::session> s;
+    el::prompt_parts             parts_of(const std::string & text) const { return s->split_prompt(text); }
+};
+
+struct sequence {
+    std::shared_ptr<el::session> s;        // kept alive while a sequence lives
+    std::shared_ptr<el::sequence> seq;
+    std::shared_ptr<el::prompt>   prompt;  // the prefill's (compress() needs it for nothing but its cells)
+    std::string                   suffix;  // the chat template's text after a question
+    int32_t                       n_extra = 0;
+};
+
+sequence prefill(const model & m, const std::string & text, const std::vector<std::string> & images,
+                 int32_t max_tokens, const py::kwargs & options) {
+    const el::prompt_parts parts = m.parts_of(el::with_media_markers(text, images.size()));
+    auto                   p     = std::make_shared<el::prompt>(m.s->make_prompt(parts.context, images));
+    const int32_t          n_extra = max_tokens + 64;  // the answer and a question of up to 64 tokens
+    std::shared_ptr<el::sequence> seq;
+    {
+        ecokv::compression c;
+        for (const auto & [k, v] : options) {
+            ecokv::set_option(c, std::string(py::str(k)), python_value(v));
+        }
+        const py::gil_scoped_release unlocked;
+        if (options.empty()) {  // the full cache, with what compress() needs to make any method from it
+            ecokv::method_requirements needs;
+            needs.n_window_queries = k_captured_queries;
+            needs.values           = true;
+            seq = std::make_shared<el::sequence>(m.s->prefill(*p, n_extra, needs));
+        } else {
+            c.validate();
+            el::check_prompt_window(p->n_cells(), c);
+            seq = std::make_shared<el::sequence>(m.s->prefill(*p, c, n_extra));
+        }
+    }
+    return { m.s, seq, p, parts.question_suffix, n_extra };
+}
+
+sequence compress(const sequence & full, const py::kwargs & options) {
+    ecokv::compression c;
+    for (const auto & [k, v] : options) {
+        ecokv::set_option(c, std::string(py::str(k)), python_value(v));
+    }
+    c.validate();
+    if (!el::compressible_by_copy(c)) {
+        throw ecokv::error("compress() makes one-shot compressions; pass a chunked or re-compressing one to prefill()");
+    }
+    const py::gil_scoped_release unlocked;
+    auto seq = std::make_shared<el::sequence>(full.seq->compress(c.spec, c.params, full.n_extra));
+    return { full.s, seq, full.prompt, full.suffix, full.n_extra };
+}
+
+std::string ask_one(const sequence & q, const std::string & question, int32_t max_tokens) {
+    const std::vector<llama_token> tokens = q.s->tokenize(question + q.suffix, false);
+    if (int32_t(tokens.size()) + max_tokens > q.n_extra) {
+        throw ecokv::error("the question (" + std::to_string(tokens.size()) + " tokens) and max_tokens (" +
+                           std::to_string(max_tokens) + ") exceed the room left at prefill (" +
+                           std::to_string(q.n_extra) + "): prefill with a larger max_tokens");
+    }
+    el::generation g;
+    {
+        const py::gil_scoped_release unlocked;
+        q.seq->rewind();  // every question from the state after the prompt (and its compression)
+        g = q.seq->answer(tokens, max_tokens);
+    }
+    std::vector<llama_token> out = g.tokens;
+    while (!out.empty() && q.s->is_end_of_generation(out.back())) {
+        out.pop_back();
+    }
+    return q.s->detokenize(out);
+}
+
+}  // namespace
+
+void add_session(py::module_ & m) {
+    py::class_<sequence>(m, "Sequence", "A prefilled prompt's KV cache, full or compressed.")
+        .def("compress", &compress,
+             "A compressed copy of this full-cache sequence: options by the table's keys (method=, budget=, ...).")
+        .def(
+            "ask",
+            [](const sequence & q, const py::object & questions, int32_t max_tokens) -> py::object {
+                if (py::isinstance<py::str>(questions)) {
+                    return py::str(ask_one(q, questions.cast<std::string>(), max_tokens));
+                }
+                py::list out;
+                for (const py::handle & one : questions) {
+                    out.append(ask_one(q, one.cast<std::string>(), max_tokens));
+                }
+                return out;
+            },
+            py::arg("question"), py::arg("max_tokens") = 32,
+            "Greedy answer(s) to a question or a list of questions, each asked of the state after the prompt.")
+        .def_property_readonly("kv_bytes", [](const sequence & q) { return q.seq->kv_bytes_kept(); },
+                               "KV bytes the cache holds (kept entries x bytes per entry; all cells when full).")
+        .def_property_readonly("n_cells", [](const sequence & q) { return q.seq->n_prompt(); })
+        .def(
+            "kept",
+            [](const sequence & q) -> py::object {
+                const auto & kept = q.seq->kept_cells();
+                if (kept.empty()) {
+                    return py::none();
+                }
+                const int32_t n_kv = llama_model_n_head_kv(q.s->model());
+                py::list      layers;
+                for (size_t h = 0; h < kept.size(); ++h) {
+                    if (h % size_t(n_kv) == 0) {
+                        layers.append(py::list());
+                    }
+                    layers[layers.size() - 1].cast<py::list>().append(
+                        py::array_t<int32_t>(py::ssize_t(kept[h].size()), kept[h].data()));
+                }
+                return layers;
+            },
+            "[layer][head] int32 arrays of the prompt cells each KV head kept; None for a full cache.");
+    py::class_<model>(m, "Model", "A GGUF model (and projector) loaded by llama.cpp.")
+        .def(py::init([](const std::string & path, const std::optional<std::string> & mmproj, bool verbose,
+                         const py::kwargs & engine) {
+                 el::set_verbose(verbose);  // llama.cpp's log, quiet unless asked (the CLI's --verbose)
+                 el::session_options o;
+                 o.model_path  = path;
+                 o.mmproj_path = mmproj.value_or("");
+                 o.n_gpu_layers = 0;
+                 for (const auto & [k, v] : engine) {
+                     el::set_engine_option(o, engine_key(std::string(py::str(k))), python_value(v));
+                 }
+                 const py::gil_scoped_release unlocked;
+                 return model{ std::make_shared<el::session>(o) };
+             }),
+             py::arg("path"), py::arg("mmproj") = py::none(), py::arg("verbose") = false,
+             "Loads the model; engine options by llama.cpp's names (n_gpu_layers=0, n_ctx, type_k='f16', type_v, "
+             "n_threads, flash_attn, image_max_tokens, ...). OSError-like errors name the file.")
+        .def("prefill", &prefill, py::arg("prompt"), py::arg("images") = std::vector<std::string>{},
+             py::kw_only(), py::arg("max_tokens") = 32,
+             "Prefills the context (text; images as file paths, placed first unless the text holds markers). With "
+             "compression options (method=, budget=, chunk=, ...) the cache is compressed as `ecokv run` does; "
+             "without, it stays full and compress() makes any method from it.");
+}
