@@ -16,6 +16,7 @@ int method(const uint8_t * data, size_t size);
 int metric_items(const uint8_t * data, size_t size);
 int datasets(const uint8_t * data, size_t size);
 int chat_request(const uint8_t * data, size_t size);  // needs ecokv-serve-core (built with llama.cpp)
+int entry(const uint8_t * data, size_t size);         // needs ecokv-llama
 
 // `data` written to <tmp>/ecokv-fuzz-<pid>/<name>; returns the path.
 inline std::string as_file(const uint8_t * data, size_t size, const std::string & name = "input") {

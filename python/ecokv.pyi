@@ -29,6 +29,8 @@ class Sequence:
         """A compressed copy of this full-cache sequence (method=, budget=, window=, ...)."""
     def ask(self, question: Any, max_tokens: int = 32) -> Any:
         """The greedy answer to a question (str), or the answers to a list of them, each from the prompt's state."""
+    def save(self) -> bytes:
+        """The cache as bytes (ecokv's checked entry format), for Model.resume()."""
     def kept(self) -> Optional[List[List[np.ndarray]]]:
         """[layer][head] int32 arrays of the prompt cells each KV head kept; None for a full cache."""
 
@@ -36,5 +38,7 @@ class Model:
     """A GGUF model (and libmtmd projector) loaded by llama.cpp."""
     def __init__(self, path: str, mmproj: Optional[str] = None, verbose: bool = False, **engine: Any) -> None:
         """Engine options by llama.cpp's names: n_gpu_layers=0, n_ctx, type_k, type_v, n_threads, flash_attn, ..."""
+    def resume(self, saved: bytes, *, max_tokens: int = 32) -> Sequence:
+        """A sequence from Sequence.save()'s bytes; ValueError for another model's, a corrupted or truncated entry."""
     def prefill(self, prompt: str, images: List[str] = [], *, max_tokens: int = 32, **options: Any) -> Sequence:
         """Prefills the context (images as file paths); with compression options, compressed as `ecokv run` does."""

@@ -4,6 +4,7 @@
 #include "session.h"
 
 #include "ecokv/error.h"
+#include "ecokv/llama-entry.h"
 #include "ecokv/llama-options.h"
 #include "ecokv/llama-session.h"
 #include "ecokv/options.h"
@@ -120,6 +121,25 @@ std::string ask_one(const sequence & q, const std::string & question, int32_t ma
     return q.s->detokenize(out);
 }
 
+// The sequence as an entry (ecokv/llama-entry.h): checked whole when read back, by this model only.
+py::bytes save(const sequence & q) {
+    const el::entry_header h{ q.s->fingerprint(), q.s->cache_shape(),
+                              q.seq->kept_cells().empty() ? std::string(ecokv::k_full_cache)
+                                                          : q.seq->held_compression().key() };
+    const std::vector<uint8_t> bytes = el::encode_entry({ h, {}, q.seq->save() });
+    return { reinterpret_cast<const char *>(bytes.data()), bytes.size() };
+}
+
+sequence resume(const model & m, const py::bytes & saved, int32_t max_tokens) {
+    const std::string_view raw = saved;
+    const el::entry        e   = el::decode_entry_for(
+        { reinterpret_cast<const uint8_t *>(raw.data()), raw.size() }, { m.s->fingerprint(), m.s->cache_shape(), "" });
+    const int32_t n_extra = max_tokens + 64;
+    const py::gil_scoped_release unlocked;
+    auto seq = std::make_shared<el::sequence>(m.s->resume(e.snap, ecokv::compression::none(), n_extra));
+    return { m.s, seq, nullptr, m.parts_of("").question_suffix, n_extra };
+}
+
 }  // namespace
 
 void add_session(py::module_ & m) {
@@ -143,6 +163,7 @@ void add_session(py::module_ & m) {
         .def_property_readonly("kv_bytes", [](const sequence & q) { return q.seq->kv_bytes_kept(); },
                                "KV bytes the cache holds (kept entries x bytes per entry; all cells when full).")
         .def_property_readonly("n_cells", [](const sequence & q) { return q.seq->n_prompt(); })
+        .def("save", &save, "The cache as bytes (ecokv's checked entry format), for Model.resume().")
         .def(
             "kept",
             [](const sequence & q) -> py::object {
@@ -179,6 +200,9 @@ void add_session(py::module_ & m) {
              py::arg("path"), py::arg("mmproj") = py::none(), py::arg("verbose") = false,
              "Loads the model; engine options by llama.cpp's names (n_gpu_layers=0, n_ctx, type_k='f16', type_v, "
              "n_threads, flash_attn, image_max_tokens, ...). OSError-like errors name the file.")
+        .def("resume", &resume, py::arg("saved"), py::kw_only(), py::arg("max_tokens") = 32,
+             "A sequence from Sequence.save()'s bytes, checked whole first: another model's, a corrupted or truncated "
+             "entry is a ValueError.")
         .def("prefill", &prefill, py::arg("prompt"), py::arg("images") = std::vector<std::string>{},
              py::kw_only(), py::arg("max_tokens") = 32,
              "Prefills the context (text; images as file paths, placed first unless the text holds markers). With "

@@ -12,7 +12,7 @@ BUILD=1
 SECONDS_EACH=${1:-60}
 RUNS=${2:--1}
 shift 2 || shift $# || true
-ALL=(fuzz-capture fuzz-head-scores fuzz-method fuzz-metric-items fuzz-datasets fuzz-chat-request)
+ALL=(fuzz-capture fuzz-head-scores fuzz-method fuzz-metric-items fuzz-datasets fuzz-chat-request fuzz-entry)
 TARGETS=("$@")
 [[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=("${ALL[@]}")
 B=build-san
@@ -24,7 +24,7 @@ fi
 C=$B/corpus
 S=$B/seeds
 if [[ ! -d $S ]]; then
-    mkdir -p $S.tmp/{capture,head-scores,method,metric-items,datasets,chat-request}
+    mkdir -p $S.tmp/{capture,head-scores,method,metric-items,datasets,chat-request,entry}
     for shape in "2 2 1 16 24" "1 4 2 8 40"; do
         read -r l h kv d t <<< "$shape"
         $B/bin/ecokv synth-capture -o "$S.tmp/capture/synth-$l-$t.safetensors" --layers "$l" --heads "$h" \
@@ -44,7 +44,7 @@ ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export ASAN_OPTIONS
 status=0
 for t in "${TARGETS[@]}"; do
-    mkdir -p $B/crashes/$t $C/$t fuzz/corpus/$t
+    mkdir -p $B/crashes/$t $C/$t fuzz/corpus/$t $S/${t#fuzz-}
     dirs=($C/$t fuzz/corpus/$t $S/${t#fuzz-})
     [[ -d fuzz/regressions/$t ]] && dirs+=(fuzz/regressions/$t)
     echo "== $t: up to $SECONDS_EACH s, $RUNS runs"

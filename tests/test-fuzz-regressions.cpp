@@ -19,7 +19,7 @@ const std::map<std::string, target_fn> k_targets = {
     { "fuzz-method", ecokv::fuzz::method },             { "fuzz-metric-items", ecokv::fuzz::metric_items },
     { "fuzz-datasets", ecokv::fuzz::datasets },
 #ifdef ECOKV_FUZZ_CHAT_REQUEST
-    { "fuzz-chat-request", ecokv::fuzz::chat_request },
+    { "fuzz-chat-request", ecokv::fuzz::chat_request }, { "fuzz-entry", ecokv::fuzz::entry },
 #endif
 };
 
@@ -28,7 +28,7 @@ TEST(fuzz_regressions, every_kept_input_gives_a_clean_result) {
     for (const auto & dir : std::filesystem::directory_iterator(ECOKV_FUZZ_REGRESSIONS)) {
         const auto it = k_targets.find(dir.path().filename().string());
 #ifndef ECOKV_FUZZ_CHAT_REQUEST
-        if (dir.path().filename() == "fuzz-chat-request") {
+        if (dir.path().filename() == "fuzz-chat-request" || dir.path().filename() == "fuzz-entry") {
             continue;  // built without llama.cpp
         }
 #endif

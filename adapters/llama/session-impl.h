@@ -52,6 +52,8 @@ struct session::impl {
     llama_model *                               model = nullptr;
     std::unique_ptr<mtmd_context, mtmd_deleter> projector;
     mutable std::mutex                          mtmd_mutex;  // libmtmd's clip context is not thread-safe
+    mutable std::once_flag                      fingerprint_once;  // session::fingerprint(), read once
+    mutable uint64_t                            fingerprint = 0;
 };
 
 // The members that are not templates are defined in sequence.cpp.

@@ -3,15 +3,18 @@
 // compression with a budget covering the prompt or masking evicted entries, snapshots restored in place and resumed in
 // a new context, fidelity to the full cache, sequences decoding concurrently, and clear errors.
 #include "ecokv/error.h"
+#include "ecokv/llama-entry.h"
 #include "ecokv/llama-session.h"
 #include "session-test-util.h"
 #include "tiny-model.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <optional>
 #include <regex>
@@ -465,6 +468,63 @@ TEST(session, snapshots_restore_in_place_and_resume_elsewhere) {
     for (size_t i = 0; i < first.logits.size(); ++i) {
         EXPECT_LT(rel_diff(again.logits[i], first.logits[i]), 1e-6) << "step " << i;
     }
+}
+
+// A kept sequence as an entry (ecokv/llama-entry.h): encoded and decoded to the same snapshot, which resumes to the
+// same logits; every fault refused as an entry_error before anything reaches a context: a flipped byte or a
+// truncation anywhere (the checksum), another version, another model, another cache shape, and lengths that
+// overrun the entry behind a valid checksum.
+TEST(session, an_entry_round_trips_and_refuses_every_fault) {
+    const fixture      f;
+    const auto         tokens = prompt_tokens(40, f.m.config().n_vocab, 5);
+    const el::sequence full   = f.s.prefill(f.s.make_prompt(tokens), 16, window(32));
+    el::sequence       comp   = full.compress(ecokv::parse_method("adakv+ecokv"), budget(14, 4), 16);
+    comp.decode({ 3, 4 });
+    const el::entry_header header{ f.s.fingerprint(), f.s.cache_shape(), "adakv+ecokv budget=14" };
+    const el::entry        made{ header, { 7, 8, 9 }, comp.save() };
+    const std::vector<uint8_t> bytes = el::encode_entry(made);
+    const el::entry            back  = el::decode_entry_for(bytes, header);
+    EXPECT_EQ(back.units, made.units);
+    EXPECT_EQ(back.header.compression_key, header.compression_key);
+    EXPECT_EQ(back.snap.state, made.snap.state);
+    EXPECT_EQ(back.snap.layout, made.snap.layout);
+    EXPECT_EQ(back.snap.kept_cells, made.snap.kept_cells);
+    EXPECT_EQ(back.snap.logits, made.snap.logits);
+    EXPECT_EQ(back.snap.n_past, made.snap.n_past);
+    EXPECT_EQ(back.snap.n_cells, made.snap.n_cells);
+    EXPECT_EQ(back.snap.kv_bytes_kept, made.snap.kv_bytes_kept);
+    EXPECT_EQ(el::encode_entry(back), bytes);  // nothing lost either way
+    el::sequence a = f.s.resume(made.snap, ecokv::compression::none(), 8), b = f.s.resume(back.snap, ecokv::compression::none(), 8);
+    EXPECT_EQ(a.answer({ 5 }, 4, true).logits, b.answer({ 5 }, 4, true).logits);
+
+    const auto fault_of = [&](const std::vector<uint8_t> & x, const el::entry_header & h) {
+        try {
+            el::decode_entry_for(x, h);
+        } catch (const el::entry_error & e) {
+            return int(e.fault);
+        }
+        return -1;
+    };
+    for (size_t at = 0; at < bytes.size(); at += std::max<size_t>(1, bytes.size() / 997)) {
+        std::vector<uint8_t> flipped = bytes;
+        flipped[at] ^= 0x10;
+        EXPECT_NE(fault_of(flipped, header), -1) << "a flipped byte at " << at;
+        EXPECT_NE(fault_of({ bytes.begin(), bytes.begin() + std::ptrdiff_t(at) }, header), -1) << "cut at " << at;
+    }
+    EXPECT_EQ(fault_of(bytes, { header.model_fingerprint + 1, header.cache_shape, "" }), int(el::entry_fault::foreign_model));
+    EXPECT_EQ(fault_of(bytes, { header.model_fingerprint, "k=q8_0", "" }), int(el::entry_fault::other_shape));
+    // A field rewritten with the checksum made again: only the parser's own checks stand.
+    const auto resealed = [&](std::vector<uint8_t> x, size_t at, uint64_t value, size_t width) {
+        std::memcpy(x.data() + at, &value, width);
+        x.resize(x.size() - 8);
+        const uint64_t sum = XXH3_64bits(x.data(), x.size());
+        x.insert(x.end(), reinterpret_cast<const uint8_t *>(&sum), reinterpret_cast<const uint8_t *>(&sum) + 8);
+        return x;
+    };
+    EXPECT_EQ(fault_of(resealed(bytes, 8, 2, 4), header), int(el::entry_fault::version));
+    const size_t units_at = 8 + 4 + 8 + 8 + header.cache_shape.size() + 8 + header.compression_key.size();
+    EXPECT_EQ(fault_of(resealed(bytes, units_at, uint64_t(1) << 60, 8), header), int(el::entry_fault::malformed));
+    EXPECT_EQ(fault_of(resealed(bytes, units_at, 4, 8), header), int(el::entry_fault::malformed));  // shifted fields
 }
 
 // A snapshot holds what was decoded since too; restoring one replaces the layout of the cache by its own.

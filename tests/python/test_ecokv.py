@@ -130,6 +130,15 @@ if hasattr(ecokv, "Model"):
           entries <= 800 and compressed.kv_bytes == entries * 128,
           f"kept(): [layer][head] cells, {entries} entries, {compressed.kv_bytes} bytes")
     check(compressed.kv_bytes < full.kv_bytes / 4, f"kv_bytes {compressed.kv_bytes} against {full.kv_bytes}")
+    saved = compressed.save()
+    check(m.resume(saved, max_tokens=12).ask(questions, max_tokens=12) == want,
+          f"save() and Model.resume() answer alike ({len(saved)} bytes)")
+    bad = bytearray(saved)
+    bad[len(bad) // 2] ^= 1
+    check(raises(ValueError, lambda: m.resume(bytes(bad)), "checksum"), "a corrupted entry is a ValueError")
+    check(raises(ValueError, lambda: m.resume(saved[:100]), "checksum"), "a truncated entry is a ValueError")
+    other = ecokv.Model(f"{models}/tiny-vlm.gguf", mmproj=f"{models}/tiny-vlm-mmproj.gguf")
+    check(raises(ValueError, lambda: other.resume(saved), "another model"), "another model's entry is a ValueError")
     check(raises(ValueError, lambda: m.prefill("", [image], method="nosuch"), "nosuch"), "a bad method: ValueError")
     check(raises(ValueError, lambda: ecokv.Model(f"{work}/none.gguf"), "no such model file"), "a missing model: ValueError")
 sys.exit(1 if failures else 0)

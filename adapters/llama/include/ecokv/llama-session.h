@@ -234,6 +234,11 @@ class session {
     // of the bundled tiny VLM (llama-generate.h).
     std::string chat_text(const std::vector<chat_message> & messages) const;
     bool        is_end_of_generation(llama_token token) const;
+    // What names this session's caches in a stored entry (ecokv/llama-entry.h): a fingerprint of the model and
+    // projector files (their size, first MiB and 16 blocks of their weights; a model built in memory: its metadata),
+    // and the engine options that shape the cache ("k=f16 v=f16 layers=4 kv_heads=2 ... fa=auto").
+    uint64_t    fingerprint() const;
+    std::string cache_shape() const;
 
     // A turn's prompt with the compression `c` applied: the one entry of every client (docs/architecture.md, "A turn").
     // Units [0, split) of `p` (the context before a question; the whole prompt by default) are prefilled and, when `c`
@@ -258,6 +263,7 @@ class session {
 
   private:
     friend class sequence;
+    uint64_t compute_fingerprint() const;
     // Prefills `p` chunk by chunk so that no KV head ever holds more than the budget plus one chunk (and llama.cpp's
     // padding): chunks of at most n_chunk cells (an image is never split; a chunk not longer than the method's
     // window joins the next one, or the last the one before), the first prefilled and compressed in place, every next
