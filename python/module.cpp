@@ -49,6 +49,19 @@ std::vector<ecokv::tensor_view> layer_views(const py::buffer_info & b, const cha
     return out;
 }
 
+// An array argument as a buffer: numpy arrays and other buffers as they are; anything numpy can view (a torch CPU
+// tensor: __array__, its own memory) through numpy.asarray, which copies nothing for them.
+py::buffer as_buffer(const py::object & o, const char * name) {
+    if (py::isinstance<py::buffer>(o)) {
+        return o.cast<py::buffer>();
+    }
+    try {
+        return py::module_::import("numpy").attr("asarray")(o).cast<py::buffer>();
+    } catch (const py::error_already_set &) {
+        throw py::value_error(std::string(name) + " must be an array (numpy, a torch CPU tensor, a buffer)");
+    }
+}
+
 // The option table's pairs set on the default compression, as the CLI's flags and the server's kv_compression are.
 ecokv::compression compression_of(const py::kwargs & options) {
     ecokv::compression c;
@@ -68,13 +81,16 @@ ecokv::compression compression_of(const py::kwargs & options) {
     return c;
 }
 
-py::list select_tokens(const py::buffer & keys, const py::buffer & queries, const py::object & values,
-                const py::kwargs & options) {
-    const ecokv::compression c = compression_of(options);
+py::list select_tokens(const py::object & keys_in, const py::object & queries_in, const py::object & values,
+                       const py::object & modality, const py::object & full_queries, const py::kwargs & options) {
+    const ecokv::compression c    = compression_of(options);
+    const py::buffer         keys = as_buffer(keys_in, "keys"), queries = as_buffer(queries_in, "queries");
     const py::buffer_info    k = keys.request(), q = queries.request();
+    std::optional<py::buffer>      vb, fb;  // kept alive while their views are read
     std::optional<py::buffer_info> v;
     if (!values.is_none()) {
-        v = values.cast<py::buffer>().request();
+        vb = as_buffer(values, "values");
+        v  = vb->request();
     }
     const auto kl = layer_views(k, "keys"), ql = layer_views(q, "queries");
     ecokv::capture_view cap;
@@ -86,13 +102,27 @@ py::list select_tokens(const py::buffer & keys, const py::buffer & queries, cons
     cap.n_queries  = q.ndim == 4 ? int32_t(q.shape[2]) : 0;
     cap.head_dim_v = v ? int32_t(v->shape[3]) : cap.head_dim;
     const auto vl  = v ? layer_views(*v, "values") : std::vector<ecokv::tensor_view>{};
-    if (q.shape[0] != k.shape[0] || (v && v->shape[0] != k.shape[0])) {
+    std::optional<py::buffer_info> fq;  // every prompt token's queries (H2O, LOOK-M)
+    if (!full_queries.is_none()) {
+        fb = as_buffer(full_queries, "full_queries");
+        fq = fb->request();
+    }
+    const auto fl = fq ? layer_views(*fq, "full_queries") : std::vector<ecokv::tensor_view>{};
+    if (!modality.is_none()) {  // per token: 0 text, 1 image, 2 audio
+        const auto m = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>::ensure(modality);
+        if (!m || m.ndim() != 1) {
+            throw py::value_error("modality must be a 1-d array of 0 (text), 1 (image) or 2 (audio) per token");
+        }
+        cap.modality.assign(m.data(), m.data() + m.size());
+    }
+    if (q.shape[0] != k.shape[0] || (v && v->shape[0] != k.shape[0]) || (fq && fq->shape[0] != k.shape[0])) {
         throw py::value_error("keys, queries and values must have as many layers");
     }
     for (int32_t l = 0; l < cap.n_layers; ++l) {
         ecokv::tensor_view shape_only = kl[size_t(l)];  // values absent: their shape, no data (has_values() false)
         shape_only.data               = nullptr;
-        cap.layers.push_back({ kl[size_t(l)], v ? vl[size_t(l)] : shape_only, ql[size_t(l)], {} });
+        cap.layers.push_back({ kl[size_t(l)], v ? vl[size_t(l)] : shape_only, ql[size_t(l)],
+                               fq ? fl[size_t(l)] : ecokv::tensor_view{} });
     }
     ecokv::selection sel;
     {
@@ -135,9 +165,16 @@ py::dict load_capture(const std::string & path) {
         }
         return out;
     };
-    return py::dict(py::arg("keys") = stack(&ecokv::layer_capture::keys, cap.n_kv_heads, cap.n_tokens, cap.head_dim),
-                    py::arg("values") = stack(&ecokv::layer_capture::values, cap.n_kv_heads, cap.n_tokens, cap.head_dim_v),
-                    py::arg("queries") = stack(&ecokv::layer_capture::queries, cap.n_heads, cap.n_queries, cap.head_dim));
+    py::dict out(py::arg("keys") = stack(&ecokv::layer_capture::keys, cap.n_kv_heads, cap.n_tokens, cap.head_dim),
+                 py::arg("values") = stack(&ecokv::layer_capture::values, cap.n_kv_heads, cap.n_tokens, cap.head_dim_v),
+                 py::arg("queries") = stack(&ecokv::layer_capture::queries, cap.n_heads, cap.n_queries, cap.head_dim));
+    if (cap.has_full_queries()) {
+        out["full_queries"] = stack(&ecokv::layer_capture::full_queries, cap.n_heads, cap.n_tokens, cap.head_dim);
+    }
+    if (!cap.modality.empty()) {
+        out["modality"] = py::array_t<uint8_t>(py::ssize_t(cap.modality.size()), cap.modality.data());
+    }
+    return out;
 }
 
 }  // namespace
@@ -185,13 +222,16 @@ PYBIND11_MODULE(ecokv, m) {
         "The method options of the option table (the CLI's flags, the server's kv_compression fields): key, help, "
         "default, choices.");
     m.def("select", &select_tokens, py::arg("keys"), py::arg("queries"), py::kw_only(), py::arg("values") = py::none(),
+          py::arg("modality") = py::none(), py::arg("full_queries") = py::none(),
           "The tokens each (layer, KV head) keeps: keys [layers, kv_heads, tokens, head_dim] (post-RoPE), the "
           "window's queries [layers, heads, n_queries, head_dim], values [layers, kv_heads, tokens, head_dim_v] "
-          "when the method reads them; options by the table's keys (method='adakv+ecokv', budget=64, window=8...). "
+          "when the method reads them, modality [tokens] (0 text, 1 image; MadaKV, LOOK-M) and full_queries "
+          "[layers, heads, tokens, head_dim] (H2O, LOOK-M) where needed; options by the table's keys (method='adakv+ecokv', budget=64, window=8...). "
           "Returns [layer][head] int32 arrays of ascending token indices, as `ecokv compress` selects.");
 #if ECOKV_PYTHON_SESSION
     add_session(m);
 #endif
     m.def("load_capture", &load_capture, py::arg("path"),
-          "A capture file (SPEC §7 safetensors) as a dict of float32 arrays: keys, values, queries.");
+          "A capture file (SPEC §7 safetensors) as a dict of float32 arrays: keys, values, queries, and full_queries "
+          "and modality (uint8) when it holds them.");
 }

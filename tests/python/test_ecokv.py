@@ -2,6 +2,7 @@
     PYTHONPATH=build/python /usr/bin/python3 tests/python/test_ecokv.py build/bin/ecokv"""
 import atexit
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -43,6 +44,27 @@ for method in ["snapkv", "snapkv+ecokv", "adakv+ecokv", "pyramidkv+mixkv", "mada
     got = ecokv.select(arrays["keys"], arrays["queries"], values=arrays["values"], method=method, budget=40)
     check([[h.tolist() for h in layer] for layer in got] == want, f"select(method={method!r}) equals ecokv compress")
 
+# select() equals the independent fp64 reference of SPEC (scripts/reference/ecokv_ref.py, written from the SPEC only)
+# on its golden captures: every case of tests/data/golden/cases.json, every registry method but random.
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(ecokv_bin))))
+golden = f"{root}/tests/data/golden"
+cases = json.load(open(f"{golden}/cases.json"))
+captures = {}
+agree = 0
+for case in cases:
+    c = captures.setdefault(case["capture"], ecokv.load_capture(f"{golden}/{case['capture']}"))
+    options = dict(case["params"])
+    if "head_scores" in options:
+        options["head_scores"] = f"{golden}/{options['head_scores']}"
+    got = ecokv.select(c["keys"], c["queries"], values=c["values"], modality=c.get("modality"),
+                       full_queries=c.get("full_queries"), method=case["method"], **options)
+    same = [[h.tolist() for h in layer] for layer in got] == case["expected"]["heads"]
+    agree += same
+    if not same:
+        print(f"# {case['name']} differs")
+check(agree == len(cases), f"select() equals the fp64 reference on {agree} of {len(cases)} golden cases "
+      f"({len({c['method'] for c in cases})} methods)")
+
 # float16 and strided (non-contiguous) arrays are read in place and select alike.
 k16, q16, v16 = (arrays[n].astype(np.float16) for n in ("keys", "queries", "values"))
 a = ecokv.select(k16, q16, values=v16, method="snapkv", budget=48)
@@ -50,6 +72,15 @@ wide = np.zeros(k16.shape[:3] + (32,), np.float16)
 wide[..., :16] = k16
 b = ecokv.select(wide[..., :16], q16, values=v16, method="snapkv", budget=48)
 check(all((x == y).all() for la, lb in zip(a, b) for x, y in zip(la, lb)), "a strided view selects as a packed array")
+
+# torch tensors (Debian's python3-torch, installed by setup.sh --training only): read through numpy, no copy.
+try:
+    import torch
+    t = ecokv.select(torch.from_numpy(arrays["keys"]), torch.from_numpy(arrays["queries"]), method="snapkv", budget=48)
+    n = ecokv.select(arrays["keys"], arrays["queries"], method="snapkv", budget=48)
+    check(all((x == y).all() for la, lb in zip(t, n) for x, y in zip(la, lb)), "torch tensors select as numpy arrays")
+except ImportError:
+    print("ok - torch tensors: skipped (no python3-torch; scripts/setup.sh --training installs it)")
 
 # SnapKV by a second, plain implementation (SPEC §3.1: each window query's causal softmax attention over the prompt,
 # mean over the window, then over the query group; avg pooling over the prefix, zero padding counted; top B - N of the
@@ -107,8 +138,6 @@ check(raises(OSError, lambda: ecokv.load_capture(f"{work}/bad.safetensors"), "ba
 
 # The llama.cpp session: compress once, ask many, as `ecokv run --question` answers (tiny-qwen2vl, the sample page).
 if hasattr(ecokv, "Model"):
-    import os
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(ecokv_bin))))
     models = f"{root}/models"
     image = f"{models}/tiny-qwen2vl-sample/images/qa-240014.png"
     questions = ["What is the TOTAL?", "What is the TAX?", "What is the BEEF?"]
