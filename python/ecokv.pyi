@@ -27,8 +27,10 @@ class Sequence:
     n_cells: int   # the prompt's cells
     def compress(self, **options: Any) -> "Sequence":
         """A compressed copy of this full-cache sequence (method=, budget=, window=, ...)."""
-    def ask(self, question: Any, max_tokens: int = 32) -> Any:
-        """The greedy answer to a question (str), or the answers to a list of them, each from the prompt's state."""
+    def ask(self, question: Any, max_tokens: int = 32, temperature: float = 0.0, seed: int = 0,
+            stream: bool = False) -> Any:
+        """The answer to a question (str), or the answers to a list of them, each from the prompt's state: greedy or
+        sampled at `temperature` (seeded); stream=True: an iterator of text pieces (one question)."""
     def save(self) -> bytes:
         """The cache as bytes (ecokv's checked entry format), for Model.resume()."""
     def kept(self) -> Optional[List[List[np.ndarray]]]:

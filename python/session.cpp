@@ -5,6 +5,7 @@
 
 #include "ecokv/error.h"
 #include "ecokv/llama-entry.h"
+#include "ecokv/llama-generate.h"
 #include "ecokv/llama-options.h"
 #include "ecokv/llama-session.h"
 #include "ecokv/options.h"
@@ -12,8 +13,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <memory>
 #include <optional>
+#include <random>
 
 namespace py = pybind11;
 namespace el = ecokv::llama;
@@ -101,12 +104,95 @@ sequence compress(const sequence & full, const py::kwargs & options) {
     return { full.s, seq, full.prompt, full.suffix, full.n_extra };
 }
 
-std::string ask_one(const sequence & q, const std::string & question, int32_t max_tokens) {
-    const std::vector<llama_token> tokens = q.s->tokenize(question + q.suffix, false);
+std::vector<llama_token> question_tokens(const sequence & q, const std::string & question, int32_t max_tokens) {
+    std::vector<llama_token> tokens = q.s->tokenize(question + q.suffix, false);
     if (int32_t(tokens.size()) + max_tokens > q.n_extra) {
         throw ecokv::error("the question (" + std::to_string(tokens.size()) + " tokens) and max_tokens (" +
                            std::to_string(max_tokens) + ") exceed the room left at prefill (" +
                            std::to_string(q.n_extra) + "): prefill with a larger max_tokens");
+    }
+    return tokens;
+}
+
+// An answer token by token, sampled at a temperature (0: greedy, as ask()): the pieces of text as they are made,
+// a piece held back while it ends inside a UTF-8 character.
+struct answer_stream {
+    sequence                 q;
+    std::vector<llama_token> question, out;
+    int32_t                  max_tokens = 0;
+    double                   temperature = 0;
+    std::mt19937_64          rng;
+    size_t                   sent = 0;
+    bool                     started = false, done = false;
+
+    std::string next() {
+        while (!done) {
+            {
+                const py::gil_scoped_release unlocked;
+                if (!started) {
+                    q.seq->rewind();
+                    q.seq->decode(question);
+                    started = true;
+                } else {
+                    q.seq->decode({ out.back() });
+                }
+            }
+            const llama_token t = pick(q.seq->logits());
+            if (q.s->is_end_of_generation(t)) {
+                done = true;
+                break;
+            }
+            out.push_back(t);
+            done = int32_t(out.size()) >= max_tokens;
+            const std::string text = q.s->detokenize(out);
+            size_t            ready = text.size();
+            while (ready > sent && !done && (uint8_t(text[ready - 1]) & 0xC0) == 0x80) {
+                --ready;  // a continuation byte at the end: its character may go on
+            }
+            if (ready > sent && !done && uint8_t(text[ready - 1]) >= 0xC0) {
+                --ready;  // a lead byte whose continuation is still to come
+            }
+            if (ready > sent) {
+                std::string piece = text.substr(sent, ready - sent);
+                sent              = ready;
+                return piece;
+            }
+        }
+        const std::string text = q.s->detokenize(out);
+        if (sent < text.size()) {
+            std::string rest = text.substr(sent);
+            sent             = text.size();
+            return rest;
+        }
+        throw py::stop_iteration();
+    }
+
+    llama_token pick(const std::vector<float> & logits) {
+        if (temperature <= 0) {
+            return el::argmax(logits);
+        }
+        const float         top = *std::max_element(logits.begin(), logits.end());
+        std::vector<double> w(logits.size());
+        for (size_t i = 0; i < w.size(); ++i) {
+            w[i] = std::exp((double(logits[i]) - top) / temperature);
+        }
+        return llama_token(std::discrete_distribution<size_t>(w.begin(), w.end())(rng));
+    }
+};
+
+std::string ask_one(const sequence & q, const std::string & question, int32_t max_tokens, double temperature,
+                    uint64_t seed) {
+    const std::vector<llama_token> tokens = question_tokens(q, question, max_tokens);
+    if (temperature > 0) {
+        answer_stream s{ q, tokens, {}, max_tokens, temperature, std::mt19937_64(seed) };
+        std::string   text;
+        try {
+            for (;;) {
+                text += s.next();
+            }
+        } catch (const py::stop_iteration &) {
+        }
+        return text;
     }
     el::generation g;
     {
@@ -143,23 +229,37 @@ sequence resume(const model & m, const py::bytes & saved, int32_t max_tokens) {
 }  // namespace
 
 void add_session(py::module_ & m) {
+    py::class_<answer_stream>(m, "AnswerStream", "The pieces of an answer as they are decoded (Sequence.ask(stream=True)).")
+        .def("__iter__", [](answer_stream & s) -> answer_stream & { return s; })
+        .def("__next__", &answer_stream::next);
     py::class_<sequence>(m, "Sequence", "A prefilled prompt's KV cache, full or compressed.")
         .def("compress", &compress,
              "A compressed copy of this full-cache sequence: options by the table's keys (method=, budget=, ...).")
         .def(
             "ask",
-            [](const sequence & q, const py::object & questions, int32_t max_tokens) -> py::object {
+            [](const sequence & q, const py::object & questions, int32_t max_tokens, double temperature, uint64_t seed,
+               bool stream) -> py::object {
+                if (stream) {
+                    if (!py::isinstance<py::str>(questions)) {
+                        throw py::value_error("stream=True answers one question at a time");
+                    }
+                    const std::string question = questions.cast<std::string>();
+                    return py::cast(answer_stream{ q, question_tokens(q, question, max_tokens), {}, max_tokens,
+                                                   temperature, std::mt19937_64(seed) });
+                }
                 if (py::isinstance<py::str>(questions)) {
-                    return py::str(ask_one(q, questions.cast<std::string>(), max_tokens));
+                    return py::str(ask_one(q, questions.cast<std::string>(), max_tokens, temperature, seed));
                 }
                 py::list out;
                 for (const py::handle & one : questions) {
-                    out.append(ask_one(q, one.cast<std::string>(), max_tokens));
+                    out.append(ask_one(q, one.cast<std::string>(), max_tokens, temperature, seed));
                 }
                 return out;
             },
-            py::arg("question"), py::arg("max_tokens") = 32,
-            "Greedy answer(s) to a question or a list of questions, each asked of the state after the prompt.")
+            py::arg("question"), py::arg("max_tokens") = 32, py::arg("temperature") = 0.0, py::arg("seed") = 0,
+            py::arg("stream") = false,
+            "The answer(s) to a question or a list of questions, each asked of the state after the prompt: greedy, "
+            "or sampled at `temperature` (seeded). stream=True: an iterator of the answer's text pieces.")
         .def_property_readonly("kv_bytes", [](const sequence & q) { return q.seq->kv_bytes_kept(); },
                                "KV bytes the cache holds (kept entries x bytes per entry; all cells when full).")
         .def_property_readonly("n_cells", [](const sequence & q) { return q.seq->n_prompt(); })

@@ -150,6 +150,10 @@ if hasattr(ecokv, "Model"):
     full = m.prefill("", [image], max_tokens=12)
     compressed = full.compress(method="adakv+ecokv", budget=100)
     check(compressed.ask(questions, max_tokens=12) == want, f"Sequence.ask answers as ecokv run: {want}")
+    pieces = list(compressed.ask(questions[0], max_tokens=12, stream=True))
+    check("".join(pieces) == want[0] and len(pieces) >= 2, f"stream=True yields the greedy answer in pieces: {pieces}")
+    hot = [compressed.ask(questions[0], max_tokens=12, temperature=1.5, seed=s) for s in (1, 1, 2)]
+    check(hot[0] == hot[1] and all(isinstance(h, str) for h in hot), f"sampling is seeded: {hot}")
     direct = m.prefill("", [image], max_tokens=12, method="adakv+ecokv", budget=100)
     check(direct.ask(questions[0], max_tokens=12) == want[0], "a compressed prefill answers alike")
     kept = compressed.kept()
