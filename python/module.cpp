@@ -177,6 +177,28 @@ py::dict load_capture(const std::string & path) {
     return out;
 }
 
+// select()'s docstring: its summary, then every method option of the table (key, default, help), so that help()
+// says what the command line's --help says.
+const char * select_doc() {
+    static const std::string doc = [] {
+        std::string d = "The tokens each (layer, KV head) keeps: keys [layers, kv_heads, tokens, head_dim] (post-RoPE), "
+                        "the window's queries [layers, heads, n_queries, head_dim], values [layers, kv_heads, tokens, "
+                        "head_dim_v] when the method reads them, modality [tokens] (0 text, 1 image; MadaKV, LOOK-M) "
+                        "and full_queries [layers, heads, tokens, head_dim] (H2O, LOOK-M) where needed. Returns "
+                        "[layer][head] int32 arrays of ascending token indices, as `ecokv compress` selects.\n\n"
+                        "Options (the option table's rows):\n";
+        for (const ecokv::option_info & o : ecokv::compression_options()) {
+            if (o.scope & ecokv::scope_method) {
+                const std::string def = ecokv::option_text(ecokv::get_option(ecokv::compression{}, o.key));
+                d += "  " + std::string(o.key) + " (default: " + (def.empty() ? std::string(o.unset) : def) + "): " +
+                     std::string(o.help) + "\n";
+            }
+        }
+        return d;
+    }();
+    return doc.c_str();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(ecokv, m) {
@@ -223,11 +245,7 @@ PYBIND11_MODULE(ecokv, m) {
         "default, choices.");
     m.def("select", &select_tokens, py::arg("keys"), py::arg("queries"), py::kw_only(), py::arg("values") = py::none(),
           py::arg("modality") = py::none(), py::arg("full_queries") = py::none(),
-          "The tokens each (layer, KV head) keeps: keys [layers, kv_heads, tokens, head_dim] (post-RoPE), the "
-          "window's queries [layers, heads, n_queries, head_dim], values [layers, kv_heads, tokens, head_dim_v] "
-          "when the method reads them, modality [tokens] (0 text, 1 image; MadaKV, LOOK-M) and full_queries "
-          "[layers, heads, tokens, head_dim] (H2O, LOOK-M) where needed; options by the table's keys (method='adakv+ecokv', budget=64, window=8...). "
-          "Returns [layer][head] int32 arrays of ascending token indices, as `ecokv compress` selects.");
+          select_doc());
 #if ECOKV_PYTHON_SESSION
     add_session(m);
 #endif

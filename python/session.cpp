@@ -48,7 +48,31 @@ std::string engine_key(const std::string & name) {
     if (name == "n_ubatch") return "ubatch_size";
     if (name == "type_k") return "cache_type_k";
     if (name == "type_v") return "cache_type_v";
+    if (name == "n_seq_max") return "n_seq_max";
     return name;
+}
+
+// Model's docstring: the engine table's rows (key, default, help), with llama-cpp-python's spellings where it has one.
+const char * model_doc() {
+    static const std::string doc = [] {
+        std::string d = "Loads the model (and projector); llama.cpp's log is quiet unless verbose=True. Engine options "
+                        "(the engine table's rows, as `ecokv run --help`):\n";
+        const std::pair<const char *, const char *> aliases[] = { { "ctx_size", "n_ctx" },       { "threads", "n_threads" },
+                                                                  { "threads_batch", "n_threads_batch" },
+                                                                  { "batch_size", "n_batch" },   { "ubatch_size", "n_ubatch" },
+                                                                  { "cache_type_k", "type_k" },  { "cache_type_v", "type_v" } };
+        for (const el::engine_option & o : el::engine_options()) {
+            std::string name(o.key);
+            for (const auto & [key, alias] : aliases) {
+                if (name == key) {
+                    name = std::string(alias) + " (or " + key + ")";
+                }
+            }
+            d += "  " + name + ": " + std::string(o.help) + "\n";
+        }
+        return d + "  n_seq_max: 1 only (a Sequence holds its own context)\n";
+    }();
+    return doc.c_str();
 }
 
 struct model {
@@ -292,14 +316,20 @@ void add_session(py::module_ & m) {
                  o.mmproj_path = mmproj.value_or("");
                  o.n_gpu_layers = 0;
                  for (const auto & [k, v] : engine) {
-                     el::set_engine_option(o, engine_key(std::string(py::str(k))), python_value(v));
+                     const std::string key = engine_key(std::string(py::str(k)));
+                     if (key == "n_seq_max") {  // llama-cpp-python's: a sequence is one context here
+                         if (!py::isinstance<py::int_>(v) || v.cast<int64_t>() != 1) {
+                             throw py::value_error("n_seq_max must be 1: each Sequence holds its own context "
+                                                   "(continuous batching of many is issue 50)");
+                         }
+                         continue;
+                     }
+                     el::set_engine_option(o, key, python_value(v));
                  }
                  const py::gil_scoped_release unlocked;
                  return model{ std::make_shared<el::session>(o) };
              }),
-             py::arg("path"), py::arg("mmproj") = py::none(), py::arg("verbose") = false,
-             "Loads the model; engine options by llama.cpp's names (n_gpu_layers=0, n_ctx, type_k='f16', type_v, "
-             "n_threads, flash_attn, image_max_tokens, ...). OSError-like errors name the file.")
+             py::arg("path"), py::arg("mmproj") = py::none(), py::arg("verbose") = false, model_doc())
         .def("resume", &resume, py::arg("saved"), py::kw_only(), py::arg("max_tokens") = 32,
              "A sequence from Sequence.save()'s bytes, checked whole first: another model's, a corrupted or truncated "
              "entry is a ValueError.")

@@ -30,6 +30,7 @@ check(all(any(line.startswith(n + " ") for line in listed.splitlines()) for n in
       f"methods() lists the registry's {len(names)} names, as --list-methods")
 keys = {o["key"]: o for o in ecokv.options()}
 check(keys["budget"]["default"] == "64" and keys["pool"]["choices"] == ["avg", "max"], "options(): the table's rows")
+check(all(f"  {k} (default: " in ecokv.select.__doc__ for k in keys), "select's docstring lists every option row")
 
 # select() on a capture file equals `ecokv compress` on it, for methods of every kind.
 cap = f"{work}/cap.safetensors"
