@@ -12,6 +12,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <string>
 
@@ -48,6 +50,9 @@ std::vector<ecokv::tensor_view> layer_views(const py::buffer_info & b, const cha
     }
     return out;
 }
+
+// The core's own time in the last select() (the C++ call, without the binding), for bench/bench-python-select.py.
+std::atomic<double> g_last_select_seconds{ 0 };
 
 // An array argument as a buffer: numpy arrays and other buffers as they are; anything numpy can view (a torch CPU
 // tensor: __array__, its own memory) through numpy.asarray, which copies nothing for them.
@@ -127,7 +132,9 @@ py::list select_tokens(const py::object & keys_in, const py::object & queries_in
     ecokv::selection sel;
     {
         const py::gil_scoped_release unlocked;
+        const auto                   t0 = std::chrono::steady_clock::now();
         sel = ecokv::compress(cap, c.spec, c.params);
+        g_last_select_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     py::list layers;
     for (const auto & layer : sel.layers) {
@@ -249,6 +256,9 @@ PYBIND11_MODULE(ecokv, m) {
 #if ECOKV_PYTHON_SESSION
     add_session(m);
 #endif
+    m.def(
+        "last_select_seconds", [] { return g_last_select_seconds.load(); },
+        "Seconds the core's compress() took in the last select(), without the binding's work (for benchmarks).");
     m.def("load_capture", &load_capture, py::arg("path"),
           "A capture file (SPEC §7 safetensors) as a dict of float32 arrays: keys, values, queries, and full_queries "
           "and modality (uint8) when it holds them.");
