@@ -54,16 +54,20 @@ std::vector<ecokv::tensor_view> layer_views(const py::buffer_info & b, const cha
 // The core's own time in the last select() (the C++ call, without the binding), for bench/bench-python-select.py.
 std::atomic<double> g_last_select_seconds{ 0 };
 
-// An array argument as a buffer: numpy arrays and other buffers as they are; anything numpy can view (a torch CPU
-// tensor: __array__, its own memory) through numpy.asarray, which copies nothing for them.
+// An array argument as a buffer: numpy arrays and other buffers as they are; a DLPack producer (torch, JAX, CuPy...)
+// through numpy.from_dlpack, anything else numpy can view through numpy.asarray; neither copies a CPU array.
 py::buffer as_buffer(const py::object & o, const char * name) {
     if (py::isinstance<py::buffer>(o)) {
         return o.cast<py::buffer>();
     }
     try {
-        return py::module_::import("numpy").attr("asarray")(o).cast<py::buffer>();
+        const py::module_ np = py::module_::import("numpy");
+        if (py::hasattr(o, "__dlpack__")) {
+            return np.attr("from_dlpack")(o).cast<py::buffer>();
+        }
+        return np.attr("asarray")(o).cast<py::buffer>();
     } catch (const py::error_already_set &) {
-        throw py::value_error(std::string(name) + " must be an array (numpy, a torch CPU tensor, a buffer)");
+        throw py::value_error(std::string(name) + " must be a CPU array (numpy, DLPack, a buffer)");
     }
 }
 

@@ -66,6 +66,22 @@ for case in cases:
 check(agree == len(cases), f"select() equals the fp64 reference on {agree} of {len(cases)} golden cases "
       f"({len({c['method'] for c in cases})} methods)")
 
+# A DLPack producer that is not a buffer: read through numpy.from_dlpack.
+class Producer:
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+d = ecokv.select(Producer(arrays["keys"]), Producer(arrays["queries"]), method="snapkv", budget=48)
+e = ecokv.select(arrays["keys"], arrays["queries"], method="snapkv", budget=48)
+check(all((x == y).all() for la, lb in zip(d, e) for x, y in zip(la, lb)), "a DLPack producer selects as its array")
+
 # float16 and strided (non-contiguous) arrays are read in place and select alike.
 k16, q16, v16 = (arrays[n].astype(np.float16) for n in ("keys", "queries", "values"))
 a = ecokv.select(k16, q16, values=v16, method="snapkv", budget=48)
@@ -79,7 +95,8 @@ try:
     import torch
     t = ecokv.select(torch.from_numpy(arrays["keys"]), torch.from_numpy(arrays["queries"]), method="snapkv", budget=48)
     n = ecokv.select(arrays["keys"], arrays["queries"], method="snapkv", budget=48)
-    check(all((x == y).all() for la, lb in zip(t, n) for x, y in zip(la, lb)), "torch tensors select as numpy arrays")
+    check(all((x == y).all() for la, lb in zip(t, n) for x, y in zip(la, lb)), "torch tensors (DLPack) select as numpy arrays")
+    check(np.shares_memory(np.from_dlpack(torch.from_numpy(arrays["keys"])), arrays["keys"]), "DLPack reads in place")
 except ImportError:
     print("ok - torch tensors: skipped (no python3-torch; scripts/setup.sh --training installs it)")
 
