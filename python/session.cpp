@@ -161,7 +161,7 @@ struct answer_stream {
                     q.seq->decode({ out.back() });
                 }
             }
-            const llama_token t = pick(q.seq->logits());
+            const llama_token t = el::pick_token(q.seq->logits(), temperature, rng);
             if (q.s->is_end_of_generation(t)) {
                 done = true;
                 break;
@@ -189,18 +189,6 @@ struct answer_stream {
             return rest;
         }
         throw py::stop_iteration();
-    }
-
-    llama_token pick(const std::vector<float> & logits) {
-        if (temperature <= 0) {
-            return el::argmax(logits);
-        }
-        const float         top = *std::max_element(logits.begin(), logits.end());
-        std::vector<double> w(logits.size());
-        for (size_t i = 0; i < w.size(); ++i) {
-            w[i] = std::exp((double(logits[i]) - top) / temperature);
-        }
-        return llama_token(std::discrete_distribution<size_t>(w.begin(), w.end())(rng));
     }
 };
 

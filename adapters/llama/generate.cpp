@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <random>
 
 namespace ecokv::llama {
 
@@ -136,6 +137,18 @@ std::vector<float> last_logits(llama_context * ctx) {
 
 llama_token argmax(const std::vector<float> & logits) {
     return llama_token(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+llama_token pick_token(const std::vector<float> & logits, double temperature, std::mt19937_64 & rng) {
+    if (temperature <= 0) {
+        return argmax(logits);
+    }
+    const float         top = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> w(logits.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+        w[i] = std::exp((double(logits[i]) - top) / temperature);
+    }
+    return llama_token(std::discrete_distribution<size_t>(w.begin(), w.end())(rng));
 }
 
 generation greedy(llama_context * ctx, std::vector<float> first_logits, llama_pos pos, int32_t n, bool keep_logits,

@@ -57,18 +57,6 @@ uint64_t held_bytes(const el::sequence & seq, const el::snapshot & snap) {
                                : seq.kv_bytes_kept() + seq.kv_bytes_of_cells(snap.n_cells - 1);
 }
 
-llama_token pick(const std::vector<float> & logits, double temperature, std::mt19937_64 & rng) {
-    if (temperature <= 0) {
-        return el::argmax(logits);
-    }
-    const float         top = *std::max_element(logits.begin(), logits.end());
-    std::vector<double> w(logits.size());
-    for (size_t i = 0; i < w.size(); ++i) {
-        w[i] = std::exp((double(logits[i]) - top) / temperature);
-    }
-    return llama_token(std::discrete_distribution<size_t>(w.begin(), w.end())(rng));
-}
-
 }  // namespace
 
 void chat_server::generate(turn & t, const chat_request & r, const answer_header & h, httplib::DataSink & sink) {
@@ -111,7 +99,7 @@ void chat_server::generate(turn & t, const chat_request & r, const answer_header
                 }
                 logits = &masked;
             }
-            const llama_token tok = pick(*logits, r.temperature, rng);
+            const llama_token tok = el::pick_token(*logits, r.temperature, rng);
             if (s_.is_end_of_generation(tok)) {
                 finish = "stop";
                 break;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,8 @@ fidelity compare_to_full(llama_context * compressed, const generation & full, ll
 double kl_divergence(const std::vector<float> & p_logits, const std::vector<float> & q_logits);
 
 llama_token argmax(const std::vector<float> & logits);
+// The argmax at temperature 0, else a token drawn from softmax(logits / temperature) with `rng`.
+llama_token pick_token(const std::vector<float> & logits, double temperature, std::mt19937_64 & rng);
 
 // The logits of the last decoded position; throws when llama.cpp computed none.
 std::vector<float> last_logits(llama_context * ctx);
