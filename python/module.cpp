@@ -6,6 +6,7 @@
 #include "ecokv/compress.h"
 #include "ecokv/error.h"
 #include "ecokv/options.h"
+#include "options.h"
 #include "session.h"
 
 #include <pybind11/numpy.h>
@@ -71,28 +72,9 @@ py::buffer as_buffer(const py::object & o, const char * name) {
     }
 }
 
-// The option table's pairs set on the default compression, as the CLI's flags and the server's kv_compression are.
-ecokv::compression compression_of(const py::kwargs & options) {
-    ecokv::compression c;
-    for (const auto & [key, value] : options) {
-        const std::string k = py::str(key);
-        if (py::isinstance<py::bool_>(value)) {
-            ecokv::set_option(c, k, std::string(value.cast<bool>() ? "true" : "false"));
-        } else if (py::isinstance<py::int_>(value)) {
-            ecokv::set_option(c, k, value.cast<int64_t>());
-        } else if (py::isinstance<py::float_>(value)) {
-            ecokv::set_option(c, k, value.cast<double>());
-        } else {
-            ecokv::set_option(c, k, std::string(py::str(value)));
-        }
-    }
-    c.validate();
-    return c;
-}
-
 py::list select_tokens(const py::object & keys_in, const py::object & queries_in, const py::object & values,
                        const py::object & modality, const py::object & full_queries, const py::kwargs & options) {
-    const ecokv::compression c    = compression_of(options);
+    const ecokv::compression c    = ecokv::python::compression_of(options);
     const py::buffer         keys = as_buffer(keys_in, "keys"), queries = as_buffer(queries_in, "queries");
     const py::buffer_info    k = keys.request(), q = queries.request();
     std::optional<py::buffer>      vb, fb;  // kept alive while their views are read

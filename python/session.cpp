@@ -3,6 +3,8 @@
 // compressed cache, each from the same state (sequence::rewind).
 #include "session.h"
 
+#include "options.h"
+
 #include "ecokv/error.h"
 #include "ecokv/llama-entry.h"
 #include "ecokv/llama-generate.h"
@@ -26,29 +28,19 @@ namespace {
 // Window queries a prefill keeps for compress(): more than any scorer's default window (32).
 constexpr int32_t k_captured_queries = 64;
 
-ecokv::option_value python_value(const py::handle & v) {
-    if (py::isinstance<py::bool_>(v)) {
-        return std::string(v.cast<bool>() ? "true" : "false");
-    }
-    if (py::isinstance<py::int_>(v)) {
-        return v.cast<int64_t>();
-    }
-    if (py::isinstance<py::float_>(v)) {
-        return v.cast<double>();
-    }
-    return std::string(py::str(v));
-}
+// llama-cpp-python's argument names of the engine table's rows: (table key, its name).
+constexpr std::pair<const char *, const char *> k_engine_aliases[] = {
+    { "ctx_size", "n_ctx" },      { "threads", "n_threads" },       { "threads_batch", "n_threads_batch" },
+    { "batch_size", "n_batch" },  { "ubatch_size", "n_ubatch" },    { "cache_type_k", "type_k" },
+    { "cache_type_v", "type_v" },
+};
 
-// llama-cpp-python's argument names for the engine table's rows.
 std::string engine_key(const std::string & name) {
-    if (name == "n_ctx") return "ctx_size";
-    if (name == "n_threads") return "threads";
-    if (name == "n_threads_batch") return "threads_batch";
-    if (name == "n_batch") return "batch_size";
-    if (name == "n_ubatch") return "ubatch_size";
-    if (name == "type_k") return "cache_type_k";
-    if (name == "type_v") return "cache_type_v";
-    if (name == "n_seq_max") return "n_seq_max";
+    for (const auto & [key, alias] : k_engine_aliases) {
+        if (name == alias) {
+            return key;
+        }
+    }
     return name;
 }
 
@@ -57,13 +49,9 @@ const char * model_doc() {
     static const std::string doc = [] {
         std::string d = "Loads the model (and projector); llama.cpp's log is quiet unless verbose=True. Engine options "
                         "(the engine table's rows, as `ecokv run --help`):\n";
-        const std::pair<const char *, const char *> aliases[] = { { "ctx_size", "n_ctx" },       { "threads", "n_threads" },
-                                                                  { "threads_batch", "n_threads_batch" },
-                                                                  { "batch_size", "n_batch" },   { "ubatch_size", "n_ubatch" },
-                                                                  { "cache_type_k", "type_k" },  { "cache_type_v", "type_v" } };
         for (const el::engine_option & o : el::engine_options()) {
             std::string name(o.key);
-            for (const auto & [key, alias] : aliases) {
+            for (const auto & [key, alias] : k_engine_aliases) {
                 if (name == key) {
                     name = std::string(alias) + " (or " + key + ")";
                 }
@@ -95,10 +83,7 @@ sequence prefill(const model & m, const std::string & text, const std::vector<st
     const int32_t          n_extra = max_tokens + 64;  // the answer and a question of up to 64 tokens
     std::shared_ptr<el::sequence> seq;
     {
-        ecokv::compression c;
-        for (const auto & [k, v] : options) {
-            ecokv::set_option(c, std::string(py::str(k)), python_value(v));
-        }
+        const ecokv::compression c = options.empty() ? ecokv::compression{} : ecokv::python::compression_of(options);
         const py::gil_scoped_release unlocked;
         if (options.empty()) {  // the full cache, with what compress() needs to make any method from it
             ecokv::method_requirements needs;
@@ -106,7 +91,6 @@ sequence prefill(const model & m, const std::string & text, const std::vector<st
             needs.values           = true;
             seq = std::make_shared<el::sequence>(m.s->prefill(*p, n_extra, needs));
         } else {
-            c.validate();
             el::check_prompt_window(p->n_cells(), c);
             seq = std::make_shared<el::sequence>(m.s->prefill(*p, c, n_extra));
         }
@@ -115,11 +99,7 @@ sequence prefill(const model & m, const std::string & text, const std::vector<st
 }
 
 sequence compress(const sequence & full, const py::kwargs & options) {
-    ecokv::compression c;
-    for (const auto & [k, v] : options) {
-        ecokv::set_option(c, std::string(py::str(k)), python_value(v));
-    }
-    c.validate();
+    const ecokv::compression c = ecokv::python::compression_of(options);
     if (!el::compressible_by_copy(c)) {
         throw ecokv::error("compress() makes one-shot compressions; pass a chunked or re-compressing one to prefill()");
     }
@@ -312,7 +292,7 @@ void add_session(py::module_ & m) {
                          }
                          continue;
                      }
-                     el::set_engine_option(o, key, python_value(v));
+                     el::set_engine_option(o, key, ecokv::python::option_value_of(v));
                  }
                  const py::gil_scoped_release unlocked;
                  return model{ std::make_shared<el::session>(o) };
