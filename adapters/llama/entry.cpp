@@ -89,6 +89,8 @@ std::vector<uint8_t> encode_entry(const entry & e) {
     w.put(e.header.model_fingerprint);
     w.put_string(e.header.cache_shape);
     w.put_string(e.header.compression_key);
+    w.put(e.role);
+    w.put(e.kv_bytes_full);
     w.put_array(e.units);
     const snapshot & s = e.snap;
     w.put_array(s.state);
@@ -129,6 +131,12 @@ entry decode_entry(std::span<const uint8_t> bytes) {
     e.header.model_fingerprint = r.get<uint64_t>("fingerprint");
     e.header.cache_shape       = r.get_string("cache shape");
     e.header.compression_key   = r.get_string("compression key");
+    const auto role            = r.get<uint8_t>("role");
+    if (role > uint8_t(entry_role::context)) {
+        reader::fail("unknown role " + std::to_string(role));
+    }
+    e.role          = entry_role(role);
+    e.kv_bytes_full = r.get<uint64_t>("full-cache bytes");
     e.units                    = r.get_array<uint64_t>("units");
     snapshot & s               = e.snap;
     s.state                    = r.get_array<uint8_t>("state");

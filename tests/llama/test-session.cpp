@@ -481,10 +481,12 @@ TEST(session, an_entry_round_trips_and_refuses_every_fault) {
     el::sequence       comp   = full.compress(ecokv::parse_method("adakv+ecokv"), budget(14, 4), 16);
     comp.decode({ 3, 4 });
     const el::entry_header header{ f.s.fingerprint(), f.s.cache_shape(), "adakv+ecokv budget=14" };
-    const el::entry        made{ header, { 7, 8, 9 }, comp.save() };
+    const el::entry        made{ header, { 7, 8, 9 }, comp.save(), el::entry_role::context, 123456 };
     const std::vector<uint8_t> bytes = el::encode_entry(made);
     const el::entry            back  = el::decode_entry_for(bytes, header);
     EXPECT_EQ(back.units, made.units);
+    EXPECT_EQ(back.role, el::entry_role::context);
+    EXPECT_EQ(back.kv_bytes_full, 123456u);
     EXPECT_EQ(back.header.compression_key, header.compression_key);
     EXPECT_EQ(back.snap.state, made.snap.state);
     EXPECT_EQ(back.snap.layout, made.snap.layout);
@@ -521,8 +523,10 @@ TEST(session, an_entry_round_trips_and_refuses_every_fault) {
         x.insert(x.end(), reinterpret_cast<const uint8_t *>(&sum), reinterpret_cast<const uint8_t *>(&sum) + 8);
         return x;
     };
-    EXPECT_EQ(fault_of(resealed(bytes, 8, 2, 4), header), int(el::entry_fault::version));
-    const size_t units_at = 8 + 4 + 8 + 8 + header.cache_shape.size() + 8 + header.compression_key.size();
+    EXPECT_EQ(fault_of(resealed(bytes, 8, 1, 4), header), int(el::entry_fault::version));  // version 1: no role
+    const size_t role_at  = 8 + 4 + 8 + 8 + header.cache_shape.size() + 8 + header.compression_key.size();
+    EXPECT_EQ(fault_of(resealed(bytes, role_at, 2, 1), header), int(el::entry_fault::malformed));  // no such role
+    const size_t units_at = role_at + 1 + 8;
     EXPECT_EQ(fault_of(resealed(bytes, units_at, uint64_t(1) << 60, 8), header), int(el::entry_fault::malformed));
     EXPECT_EQ(fault_of(resealed(bytes, units_at, 4, 8), header), int(el::entry_fault::malformed));  // shifted fields
 }

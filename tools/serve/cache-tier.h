@@ -1,11 +1,14 @@
-// ecokv serve: where kept conversations live, behind one interface. Today's tier is the in-process LRU
-// (conversation-cache.h); compressed prefix entries and a shared remote store plug in beside it.
+// ecokv serve: where kept conversations live, behind one interface: the in-process LRU (conversation-cache.h), and
+// with --store the replicas' shared Redis behind it (redis-store.h).
 #pragma once
 
 #include "ecokv/llama-session.h"
 
+#include <xxhash.h>
+
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace ecokv::serve {
@@ -21,7 +24,14 @@ struct cached_conversation {
     llama::snapshot       snap;
     uint64_t              full_bytes = 0;  // what the same cells would take uncompressed
     entry_kind            kind       = entry_kind::conversation;
+    std::string           compression_key;  // compression::key() of what made it (what units[0] names)
 };
+
+// The first unit of an entry's key: the compression that made it (compression::key()), a value no token id or image
+// hash takes, the same in every replica (a stable hash, so that a shared store's keys agree).
+inline uint64_t compression_unit(const std::string & compression_key) {
+    return XXH3_64bits(compression_key.data(), compression_key.size()) | (uint64_t(1) << 62);
+}
 
 class cache_tier {
   public:

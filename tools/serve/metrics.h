@@ -11,9 +11,10 @@ struct metric {
     const char * kind;  // "counter" or "gauge"
     const char * help;
     double       value;
+    std::string  labels = {};  // e.g. fault="corrupted": rows of one name after each other share its HELP and TYPE
 };
 
-// # HELP, # TYPE and the sample of each row, in table order.
+// # HELP and # TYPE of each name, then the sample of each row, in table order.
 std::string prometheus_text(const std::vector<metric> & table);
 
 }  // namespace ecokv::serve

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
 
 namespace ecokv::serve {
 
@@ -18,7 +17,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // The cache key of a prompt: one unit naming the compression, then the prompt's units.
 std::vector<uint64_t> keyed(const std::string & config, const std::vector<uint64_t> & units) {
-    std::vector<uint64_t> key{ std::hash<std::string>{}(config) | (uint64_t(1) << 62) };
+    std::vector<uint64_t> key{ compression_unit(config) };
     key.insert(key.end(), units.begin(), units.end());
     return key;
 }
@@ -40,9 +39,11 @@ std::string before_question(const el::session & s, std::vector<el::chat_message>
 }
 
 // The entry of what a sequence holds, with the units of its cells.
-std::shared_ptr<cached_conversation> entry(const el::sequence & seq, std::vector<uint64_t> units, int32_t n_cells,
+std::shared_ptr<cached_conversation> entry(const el::sequence & seq, std::string compression_key,
+                                           std::vector<uint64_t> units, int32_t n_cells,
                                            entry_kind kind = entry_kind::conversation) {
-    auto kept        = std::make_shared<cached_conversation>();
+    auto kept             = std::make_shared<cached_conversation>();
+    kept->compression_key = std::move(compression_key);
     kept->units      = std::move(units);
     kept->snap       = seq.save();
     kept->full_bytes = seq.kv_bytes_of_cells(n_cells);
@@ -151,7 +152,7 @@ std::shared_ptr<turn> scheduler::begin(const place & at, const chat_request & r,
         const size_t at = context_end();
         t->seq.emplace(s_.prefill(*p, c, r.max_tokens, at));
         if (at > 0 && at < units.size()) {
-            cache_.put(entry(*t->seq, keyed(c.key(), { units.begin(), units.begin() + ptrdiff_t(at) }),
+            cache_.put(entry(*t->seq, c.key(), keyed(c.key(), { units.begin(), units.begin() + ptrdiff_t(at) }),
                              p->cells_before(at), entry_kind::prefix));
         }
         t->seq->append(*p, at);
@@ -161,7 +162,7 @@ std::shared_ptr<turn> scheduler::begin(const place & at, const chat_request & r,
     stats_.prefill_us += uint64_t(t->prefill_s * 1e6);
     stats_.prompt_tokens += uint64_t(t->prompt_cells);
     stats_.cached_tokens += uint64_t(t->cached_cells);
-    auto kept = entry(*t->seq, t->key, t->prompt_cells);
+    auto kept = entry(*t->seq, c.key(), t->key, t->prompt_cells);
     cache_.put(kept, hit && hit->kind == entry_kind::conversation ? hit.get() : nullptr);  // a context stays for others
     t->kept = std::move(kept);
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -179,7 +180,7 @@ std::shared_ptr<const cached_conversation> scheduler::finish(turn & t, const std
     }
     std::vector<uint64_t> units = t.key;
     units.insert(units.end(), decoded.begin(), decoded.end());
-    auto kept = entry(*t.seq, std::move(units), t.prompt_cells + int32_t(decoded.size()));
+    auto kept = entry(*t.seq, t.kept->compression_key, std::move(units), t.prompt_cells + int32_t(decoded.size()));
     if (keep) {
         cache_.put(kept, t.kept.get());
     }

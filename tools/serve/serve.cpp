@@ -24,6 +24,35 @@ void on_signal(int) {
     }
 }
 
+// The first line of a secret's file, not empty.
+std::string first_line(const std::string & path, const char * what) {
+    std::ifstream in(path);
+    std::string   line;
+    if (!in || !std::getline(in, line) || line.empty()) {
+        throw error(path + ": cannot read " + what + " from its first line");
+    }
+    return line;
+}
+
+// --store and its options; none without --store (and then none of them may be given).
+std::optional<ecokv::serve::store_options> store_from(const cxxopts::ParseResult & args) {
+    if (!args.count("store")) {
+        for (const char * o : { "store-password-file", "store-ttl", "store-prefix" }) {
+            if (args.count(o)) {
+                throw error(std::string("--") + o + " needs --store");
+            }
+        }
+        return std::nullopt;
+    }
+    auto o   = ecokv::serve::store_options::from_url(args["store"].as<std::string>());
+    o.ttl_s  = ecokv::tools::int_in_range(args, "store-ttl", 1, 365 * 86400);
+    o.prefix = args["store-prefix"].as<std::string>();
+    if (args.count("store-password-file")) {
+        o.password = first_line(args["store-password-file"].as<std::string>(), "a Redis password");
+    }
+    return o;
+}
+
 // --api-key, or the first line of --api-key-file (not both); empty: no key.
 std::string api_key_from(const cxxopts::ParseResult & args) {
     if (args.count("api-key") && args.count("api-key-file")) {
@@ -31,11 +60,7 @@ std::string api_key_from(const cxxopts::ParseResult & args) {
     }
     std::string key = args.count("api-key") ? args["api-key"].as<std::string>() : "";
     if (args.count("api-key-file")) {
-        const std::string path = args["api-key-file"].as<std::string>();
-        std::ifstream     in(path);
-        if (!in || !std::getline(in, key) || key.empty()) {
-            throw error(path + ": cannot read an API key from its first line");
-        }
+        key = first_line(args["api-key-file"].as<std::string>(), "an API key");
     }
     if (args.count("api-key") && key.empty()) {
         throw error("--api-key is empty");
@@ -66,6 +91,10 @@ int ecokv_serve(int argc, char ** argv) {
             ("request-timeout", "seconds a connection has to send a request's headers and body", cxxopts::value<int32_t>()->default_value("10"))
             ("api-key", "require 'Authorization: Bearer KEY' on every endpoint but /health", cxxopts::value<std::string>())
             ("api-key-file", "read the API key from this file's first line", cxxopts::value<std::string>())
+            ("store", "share kept conversations with other replicas through Redis: redis://HOST[:PORT][/DB]", cxxopts::value<std::string>())
+            ("store-password-file", "Redis AUTH password: this file's first line", cxxopts::value<std::string>())
+            ("store-ttl", "seconds a stored entry lives after its last write", cxxopts::value<int32_t>()->default_value("3600"))
+            ("store-prefix", "prefix of every store key (clusters sharing one Redis)", cxxopts::value<std::string>()->default_value("ecokv:"))
             ("verbose", "show llama.cpp's log")
             ("h,help", "show this help");
         // clang-format on
@@ -88,6 +117,7 @@ int ecokv_serve(int argc, char ** argv) {
         so.cache_bytes = uint64_t(ecokv::tools::int_in_range(args, "cache-mib", 0, 1 << 20)) << 20;
         so.limits.max_tokens_default = ecokv::tools::int_in_range(args, "max-tokens", 1, 1 << 20);
         so.api_key     = api_key_from(args);
+        so.store       = store_from(args);
         so.max_connections   = ecokv::tools::int_in_range(args, "max-connections", 1, 16384);
         so.request_timeout_s = ecokv::tools::int_in_range(args, "request-timeout", 1, 3600);
         so.kv.compress = args.count("full") == 0;
@@ -121,6 +151,10 @@ int ecokv_serve(int argc, char ** argv) {
         std::fprintf(stderr, "ecokv serve: %s on http://%s:%d (%d slots, %s, queue %d, cache %d MiB, %s)\n",
                      so.model_name.c_str(), so.host.c_str(), server.port(), so.slots, threads.c_str(), so.queue,
                      int(so.cache_bytes >> 20), so.kv.compress ? "compressed conversations" : "full caches");
+        if (so.store) {
+            std::fprintf(stderr, "ecokv serve: shared store redis://%s:%d/%d, keys %s*, entries expire after %d s\n",
+                         so.store->host.c_str(), so.store->port, so.store->db, so.store->prefix.c_str(), so.store->ttl_s);
+        }
         if (args.count("port-file")) {
             const std::string path = args["port-file"].as<std::string>();
             std::ofstream(path + ".tmp") << server.port() << "\n";

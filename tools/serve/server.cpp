@@ -52,7 +52,10 @@ chat_server::chat_server(const el::session & s, serve_options o) :
     o_(std::move(o)),
     http_(std::make_unique<httplib::Server>()),
     cache_(o_.cache_bytes),
-    scheduler_(s_, cache_, stats_, o_.slots, o_.queue, o_.cores.get()) {
+    store_(o_.store ? std::make_unique<redis_store>(*o_.store, el::entry_header{ s_.fingerprint(), s_.cache_shape(), "" })
+                    : nullptr),
+    tiers_(cache_, store_.get()),
+    scheduler_(s_, tiers_, stats_, o_.slots, o_.queue, o_.cores.get()) {
     setup_http();
 }
 
@@ -149,7 +152,11 @@ void chat_server::setup_http() {
 }
 
 void chat_server::health(const httplib::Request &, httplib::Response & res) {
-    res.set_content(R"({"status":"ok"})", "application/json");
+    json body = { { "status", "ok" } };  // serving, with or without its store
+    if (store_) {
+        body["store"] = store_->totals_now().up ? "up" : "down";
+    }
+    send_json(res, body);
 }
 
 void chat_server::models(const httplib::Request &, httplib::Response & res) {
@@ -201,6 +208,27 @@ void chat_server::metrics(const httplib::Request &, httplib::Response & res) {
         table.push_back({ "connections_timed_out_total", "counter",
                           "connections closed for not sending their request within --request-timeout",
                           double(c.timed_out) });
+    }
+    if (store_) {
+        const auto s = store_->totals_now();
+        table.push_back({ "store_up", "gauge", "1 while the shared store (--store) answers", s.up ? 1.0 : 0.0 });
+        table.push_back({ "store_hits_total", "counter", "requests that resumed an entry found in the shared store",
+                          double(s.hits) });
+        table.push_back({ "store_misses_total", "counter", "store lookups that found nothing longer than this replica's",
+                          double(s.misses) });
+        table.push_back({ "store_writes_total", "counter", "entries written to the store", double(s.writes) });
+        table.push_back({ "store_write_errors_total", "counter", "writes the store refused or lost the connection on",
+                          double(s.write_errors) });
+        table.push_back({ "store_writes_dropped_total", "counter",
+                          "entries not written: the store was down or the write queue full", double(s.dropped) });
+        table.push_back({ "store_reconnects_total", "counter", "connections to the store made again after it was down",
+                          double(s.reconnects) });
+        for (size_t f = 0; f < s.refused.size(); ++f) {
+            table.push_back({ "store_entries_refused_total", "counter",
+                              "store entries refused, by fault, each request answered as a miss",
+                              double(s.refused[f]),
+                              std::string("fault=\"") + entry_fault_name(el::entry_fault(f)) + "\"" });
+        }
     }
     table.push_back({ "slots_busy", "gauge", "requests generating now", double(load.busy) });
     table.push_back({ "requests_waiting", "gauge", "requests waiting for a slot", double(load.waiting) });

@@ -2,11 +2,13 @@
 // caches. POST /v1/chat/completions and /v1/completions, /tokenize, /detokenize; GET /v1/models, /props, /slots,
 // /health and /metrics. Its rooms: requests are read by chat-request.cpp, admitted and run on the engine by the
 // scheduler (scheduler.cpp), answered token by token (generation.cpp) in the shapes of responses.cpp; kept
-// conversations live in cache tiers (cache-tier.h); /metrics is a table (metrics.h).
+// conversations live in cache tiers (cache-tier.h), this process's and, with --store, Redis shared by replicas
+// (redis-store.h); /metrics is a table (metrics.h).
 #pragma once
 
 #include "chat-request.h"
 #include "conversation-cache.h"
+#include "redis-store.h"
 #include "responses.h"
 #include "scheduler.h"
 
@@ -14,6 +16,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +45,7 @@ struct serve_options {
     int32_t                  request_timeout_s = 10;  // a request's headers and body must arrive within it
     // -t 0: the cores the running requests share (the session's threads_now asks it); null: fixed threads
     std::shared_ptr<core_share> cores;
+    std::optional<store_options> store;  // --store: kept entries shared with other replicas through Redis
 };
 
 class chat_server {
@@ -85,7 +89,9 @@ class chat_server {
     const llama::session &           s_;
     serve_options                    o_;
     std::unique_ptr<httplib::Server> http_;
-    conversation_cache               cache_;
+    conversation_cache               cache_;  // this process's tier
+    std::unique_ptr<redis_store>     store_;  // with --store: the replicas' shared tier
+    tiered_cache                     tiers_;
     serve_stats                      stats_;
     scheduler                        scheduler_;
     std::atomic<connection_pool *>   connections_{ nullptr };  // while listening

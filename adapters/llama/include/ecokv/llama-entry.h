@@ -3,7 +3,7 @@
 // a foreign, stale, truncated or corrupted entry is an entry_error, never a crash or a wrong cache.
 //
 //   "ECOKVENT" | u32 version | u64 model fingerprint | str cache shape | str compression key
-//   | u64[] prompt units | snapshot (state, layout, kept cells and their modality and accumulated attention,
+//   | u8 role | u64 full-cache bytes | u64[] prompt units | snapshot (state, layout, kept cells and their modality and accumulated attention,
 //   cells_seen, decoded modality, logits, own_logits, n_cells, n_past, kv_bytes_kept) | u64 XXH3-64 of all before it
 //
 // Integers little-endian; a str or an array is a u64 count then its elements. The fingerprint and shape name the
@@ -20,7 +20,11 @@
 
 namespace ecokv::llama {
 
-inline constexpr uint32_t k_entry_version = 1;
+inline constexpr uint32_t k_entry_version = 2;  // 2: the role and full-cache bytes
+
+// What a kept sequence is to whoever keeps it: a conversation that its next turn continues, or the context before a
+// question that any request about that context resumes (ecokv serve keeps both).
+enum class entry_role : uint8_t { conversation = 0, context = 1 };
 
 struct entry_header {
     uint64_t    model_fingerprint = 0;
@@ -32,6 +36,8 @@ struct entry {
     entry_header          header;
     std::vector<uint64_t> units;  // the prompt units it holds (a server's key), or empty
     snapshot              snap;
+    entry_role            role           = entry_role::conversation;
+    uint64_t              kv_bytes_full  = 0;  // what its cells would take as a full cache
 };
 
 // Why an entry is refused, for counting.

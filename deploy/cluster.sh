@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Several ecokv serve replicas as one server: Redis (Debian's redis-server), N replicas that share their kept
+# conversations through it (ecokv serve --store), and HAProxy (deploy/haproxy.cfg) sending requests round robin,
+# with health checks and retries; no session affinity. All on loopback; state, pids and logs in --dir.
+#   deploy/cluster.sh start [--replicas N] [--port P] [--replica-port Q] [--redis-port R] [--redis-mib M]
+#                           [--dir D] [--ecokv PATH] [-- SERVE_ARGS...]
+#   deploy/cluster.sh stop [--dir D]                  everything, cleanly (SIGTERM, then SIGKILL after 10 s)
+#   deploy/cluster.sh restart-replica NAME [--dir D]  NAME: r1..rN, as HAProxy names them (X-Ecokv-Replica)
+#   deploy/cluster.sh status [--dir D]
+# Defaults: 3 replicas; HAProxy on 127.0.0.1:8080, replicas on the ports after it (8081...), Redis on 6379 with
+# 512 MiB and maxmemory-policy allkeys-lru (the least recently used entries go first); --dir ./cluster;
+# --ecokv build/bin/ecokv. SERVE_ARGS go to every replica (e.g. --slots 2 --cache-mib 64).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+
+cmd=${1:-}
+[[ -n "$cmd" ]] && shift
+replicas=3 port=8080 replica_port="" redis_port=6379 redis_mib=512 dir=cluster ecokv="$ROOT/build/bin/ecokv" name=""
+serve_args=()
+while (($#)); do
+    case "$1" in
+        --replicas) replicas=$2; shift 2 ;;
+        --port) port=$2; shift 2 ;;
+        --replica-port) replica_port=$2; shift 2 ;;
+        --redis-port) redis_port=$2; shift 2 ;;
+        --redis-mib) redis_mib=$2; shift 2 ;;
+        --dir) dir=$2; shift 2 ;;
+        --ecokv) ecokv=$2; shift 2 ;;
+        --) shift; serve_args=("$@"); break ;;
+        -*) echo "cluster.sh: unknown option '$1'" >&2; exit 2 ;;
+        *) name=$1; shift ;;
+    esac
+done
+[[ -z "$replica_port" ]] && replica_port=$((port + 1))
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+alive() { [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+wait_for() {  # wait_for WHAT COMMAND...: up to 30 s
+    local what=$1; shift
+    for _ in $(seq 300); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    die "$what did not start (logs in $dir)"
+}
+
+start_replica() {  # start_replica NAME PORT
+    local log="$dir/$1.log"
+    rm -f "$dir/$1.port"
+    "$ecokv" serve --port "$2" --port-file "$dir/$1.port" --store "redis://127.0.0.1:$redis_port" \
+        ${serve_args[@]+"${serve_args[@]}"} >> "$log" 2>&1 < /dev/null &
+    echo $! > "$dir/$1.pid"
+    wait_for "replica $1" test -s "$dir/$1.port"
+}
+
+stop_pid() {  # stop_pid PIDFILE: SIGTERM, SIGKILL after 10 s
+    alive "$1" || { rm -f "$1"; return 0; }
+    local pid; pid=$(cat "$1")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$1"
+}
+
+case "$cmd" in
+start)
+    for tool in redis-server redis-cli haproxy curl; do
+        command -v "$tool" >/dev/null || die "$tool is missing: run scripts/setup.sh"
+    done
+    [[ -x "$ecokv" ]] || die "$ecokv is not built: run scripts/setup.sh"
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    alive "$dir/haproxy.pid" && die "a cluster already runs from $dir (deploy/cluster.sh stop --dir $dir)"
+    # what restart-replica needs
+    declare -p redis_port ecokv serve_args replica_port replicas > "$dir/cluster.env"
+    redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no --maxmemory "${redis_mib}mb" \
+        --maxmemory-policy allkeys-lru --dir "$dir" --logfile "$dir/redis.log" --daemonize no > /dev/null 2>&1 < /dev/null &
+    echo $! > "$dir/redis.pid"
+    wait_for "redis on port $redis_port" redis-cli -p "$redis_port" ping
+    servers=""
+    for ((i = 1; i <= replicas; ++i)); do
+        start_replica "r$i" $((replica_port + i - 1))
+        servers+="    server r$i 127.0.0.1:$((replica_port + i - 1))"$'\n'
+    done
+    { sed "s|\${ECOKV_BIND}|127.0.0.1:$port|" "$ROOT/deploy/haproxy.cfg"; printf '%s' "$servers"; } > "$dir/haproxy.cfg"
+    haproxy -f "$dir/haproxy.cfg" -db > "$dir/haproxy.log" 2>&1 < /dev/null &
+    echo $! > "$dir/haproxy.pid"
+    wait_for "haproxy on port $port" curl -sf "http://127.0.0.1:$port/health"
+    echo "cluster: http://127.0.0.1:$port -> $replicas replicas (ports $replica_port-$((replica_port + replicas - 1))), redis on $redis_port; logs in $dir"
+    ;;
+stop)
+    [[ -d "$dir" ]] || exit 0
+    stop_pid "$dir/haproxy.pid"
+    for f in "$dir"/r*.pid; do [[ -e "$f" ]] && stop_pid "$f"; done
+    stop_pid "$dir/redis.pid"
+    echo "cluster in $dir stopped"
+    ;;
+restart-replica)
+    [[ "$name" =~ ^r[0-9]+$ ]] || die "restart-replica needs a replica's name (r1, r2, ...)"
+    dir=$(cd "$dir" && pwd)
+    # shellcheck disable=SC1091
+    source "$dir/cluster.env"
+    stop_pid "$dir/$name.pid"
+    start_replica "$name" $((replica_port + ${name#r} - 1))
+    echo "replica $name serves again on port $(cat "$dir/$name.port")"
+    ;;
+status)
+    for f in "$dir"/*.pid; do
+        [[ -e "$f" ]] || continue
+        n=$(basename "$f" .pid)
+        if alive "$f"; then echo "$n: running (pid $(cat "$f"))"; else echo "$n: stopped"; fi
+    done
+    ;;
+*)
+    echo "usage: deploy/cluster.sh start|stop|restart-replica NAME|status [options] (see its first lines)" >&2
+    exit 2
+    ;;
+esac
