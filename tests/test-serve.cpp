@@ -2,6 +2,7 @@
 // tested end to end with real clients by tests/server/test-serve.sh.
 #include "chat-request.h"
 #include "conversation-cache.h"
+#include "redis-store.h"
 #include "scheduler.h"
 
 #include "ecokv/llama-session.h"
@@ -250,4 +251,35 @@ TEST(serve, running_requests_share_the_cores) {
     sixteen.set_running(3);
     EXPECT_EQ(sixteen.threads(), 5);
     EXPECT_EQ(none.threads(), 1);
+}
+
+// --store's URL: host, port and database read, and every malformed form refused with the form it expects.
+TEST(serve, store_urls_are_read_or_refused) {
+    using ecokv::serve::store_options;
+    const store_options a = store_options::from_url("redis://127.0.0.1:6380/2");
+    EXPECT_EQ(a.host, "127.0.0.1");
+    EXPECT_EQ(a.port, 6380);
+    EXPECT_EQ(a.db, 2);
+    const store_options b = store_options::from_url("redis://cache.internal");
+    EXPECT_EQ(b.host, "cache.internal");
+    EXPECT_EQ(b.port, 6379);
+    EXPECT_EQ(b.db, 0);
+    EXPECT_EQ(store_options::from_url("redis://[::1]:7000").host, "::1");
+    for (const char * bad : { "", "127.0.0.1:6379", "http://127.0.0.1:6379", "redis://", "redis://host:port",
+                              "redis://host:99999", "redis://host:6379/x", "redis://user:pw@host" }) {
+        try {
+            (void) store_options::from_url(bad);
+            ADD_FAILURE() << "accepted '" << bad << "'";
+        } catch (const ecokv::error & e) {
+            EXPECT_NE(std::string(e.what()).find("redis://HOST[:PORT][/DB]"), std::string::npos) << e.what();
+        }
+    }
+}
+
+// Keys name the compression the same way in every replica: a fixed hash of its key, apart from token ids.
+TEST(serve, the_compression_unit_is_a_stable_hash) {
+    const std::string key = "snapkv+ecokv budget=100";
+    EXPECT_EQ(ecokv::serve::compression_unit(key), XXH3_64bits(key.data(), key.size()) | (uint64_t(1) << 62));
+    EXPECT_NE(ecokv::serve::compression_unit(key), ecokv::serve::compression_unit("full"));
+    EXPECT_GE(ecokv::serve::compression_unit("full"), uint64_t(1) << 62);  // above every token id
 }

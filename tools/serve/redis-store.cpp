@@ -84,7 +84,7 @@ store_options store_options::from_url(const std::string & url) {
     o.port = m[3].matched ? std::stoi(m[3].str()) : 6379;
     o.db   = m[5].matched ? std::stoi(m[5].str()) : 0;
     if (o.port < 1 || o.port > 65535) {
-        throw error("--store: port " + m[3].str() + " is not in [1, 65535]");
+        throw error("--store: '" + url + "': port " + m[3].str() + " is not in [1, 65535] (redis://HOST[:PORT][/DB])");
     }
     return o;
 }
@@ -115,6 +115,9 @@ class redis_store::link {
             if (why.empty() && o.db != 0) {
                 why = command_error("SELECT", std::to_string(o.db));
             }
+            if (why.empty()) {  // a Redis that wants a password answers NOAUTH here, not at connecting
+                why = command_error("PING", "");
+            }
         }
         owner_.connected(why.empty(), why);
         if (!why.empty()) {
@@ -134,7 +137,8 @@ class redis_store::link {
         if (cmd == nullptr) {
             return "";
         }
-        reply r(static_cast<redisReply *>(redisCommand(ctx_, "%s %b", cmd, arg.data(), arg.size())));
+        reply r(static_cast<redisReply *>(arg.empty() ? redisCommand(ctx_, cmd)
+                                                      : redisCommand(ctx_, "%s %b", cmd, arg.data(), arg.size())));
         return !r                            ? error_text()
                : r->type == REDIS_REPLY_ERROR ? std::string(cmd) + ": " + std::string(r->str, r->len)
                                               : "";
@@ -226,7 +230,7 @@ std::shared_ptr<const cached_conversation> redis_store::read(link & l, const std
     reply r(static_cast<redisReply *>(redisCommand(c, "ZRANGEBYSCORE %b %s %s", lengths_of.data(), lengths_of.size(),
                                                    above.c_str(), most.c_str())));
     if (!r || r->type != REDIS_REPLY_ARRAY) {
-        l.broken(r ? "ZRANGEBYSCORE: unexpected reply" : l.error_text());
+        l.broken(!r ? l.error_text() : r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "unexpected reply");
         return nullptr;
     }
     std::vector<size_t> lengths;
@@ -382,8 +386,11 @@ void redis_store::write(link & l, const cached_conversation & c) {
 }
 
 redis_store::totals redis_store::totals_now() const {
+    const std::lock_guard<std::mutex> queue(queue_mutex_);
     const std::lock_guard<std::mutex> lock(state_mutex_);
-    return t_;
+    totals t = t_;
+    t.queued = queue_.size() + (writing_ ? 1 : 0);
+    return t;
 }
 
 std::shared_ptr<const cached_conversation> tiered_cache::find(const std::vector<uint64_t> & units) {

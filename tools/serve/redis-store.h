@@ -55,6 +55,7 @@ class redis_store {
     struct totals {
         bool     up = false;
         uint64_t hits = 0, misses = 0, writes = 0, write_errors = 0, dropped = 0, reconnects = 0;
+        size_t   queued = 0;  // writes waiting or under way
         std::array<uint64_t, 6> refused{};  // by llama::entry_fault
     };
     totals totals_now() const;
@@ -77,7 +78,7 @@ class redis_store {
     std::mutex            read_mutex_;  // the lookups' connection
     std::unique_ptr<link> reader_, writer_;
 
-    std::mutex                                             queue_mutex_;
+    mutable std::mutex                                     queue_mutex_;
     std::condition_variable                                queued_, drained_;
     std::deque<std::shared_ptr<const cached_conversation>> queue_;
     bool                                                   stopping_ = false, writing_ = false;

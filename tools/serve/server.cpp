@@ -217,6 +217,8 @@ void chat_server::metrics(const httplib::Request &, httplib::Response & res) {
         table.push_back({ "store_misses_total", "counter", "store lookups that found nothing longer than this replica's",
                           double(s.misses) });
         table.push_back({ "store_writes_total", "counter", "entries written to the store", double(s.writes) });
+        table.push_back({ "store_writes_queued", "gauge", "entries waiting to be written, or being written",
+                          double(s.queued) });
         table.push_back({ "store_write_errors_total", "counter", "writes the store refused or lost the connection on",
                           double(s.write_errors) });
         table.push_back({ "store_writes_dropped_total", "counter",
