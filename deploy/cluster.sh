@@ -3,7 +3,7 @@
 # conversations through it (ecokv serve --store), and HAProxy (deploy/haproxy.cfg) sending requests round robin,
 # with health checks and retries; no session affinity. All on loopback; state, pids and logs in --dir.
 #   deploy/cluster.sh start [--replicas N] [--port P] [--replica-port Q] [--redis-port R] [--redis-mib M]
-#                           [--redis-password-file F] [--dir D] [--ecokv PATH] [-- SERVE_ARGS...]
+#                           [--redis-password-file F] [--no-store] [--dir D] [--ecokv PATH] [-- SERVE_ARGS...]
 #   deploy/cluster.sh stop [--dir D]                  everything, cleanly (SIGTERM, then SIGKILL after 10 s)
 #   deploy/cluster.sh stop-one NAME [--dir D]        NAME: redis, or r1..rN as HAProxy names them (X-Ecokv-Replica)
 #   deploy/cluster.sh start-one NAME [--dir D]       starts it again as it was started
@@ -12,13 +12,14 @@
 # 512 MiB and maxmemory-policy allkeys-lru (the least recently used entries go first); --dir ./cluster;
 # --ecokv build/bin/ecokv. SERVE_ARGS go to every replica (e.g. --slots 2 --cache-mib 64). With a password file,
 # Redis requires its first line (AUTH; given on Redis's stdin, not its command line) and every replica sends it.
+# --no-store: the replicas keep conversations to themselves (what bench/bench-cluster.sh compares against).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 cmd=${1:-}
 [[ -n "$cmd" ]] && shift
 replicas=3 port=8080 replica_port="" redis_port=6379 redis_mib=512 dir=cluster ecokv="$ROOT/build/bin/ecokv" name=""
-password_file=""
+password_file="" store=1
 serve_args=()
 while (($#)); do
     case "$1" in
@@ -28,6 +29,7 @@ while (($#)); do
         --redis-port) redis_port=$2; shift 2 ;;
         --redis-mib) redis_mib=$2; shift 2 ;;
         --redis-password-file) password_file=$(realpath "$2"); shift 2 ;;
+        --no-store) store=0; shift ;;
         --dir) dir=$2; shift 2 ;;
         --ecokv) ecokv=$2; shift 2 ;;
         --) shift; serve_args=("$@"); break ;;
@@ -53,9 +55,10 @@ wait_for() {  # wait_for WHAT COMMAND...: up to 30 s
 start_replica() {  # start_replica NAME PORT
     local log="$dir/$1.log"
     rm -f "$dir/$1.port"
-    local auth=()
-    [[ -n "$password_file" ]] && auth=(--store-password-file "$password_file")
-    "$ecokv" serve --port "$2" --port-file "$dir/$1.port" --store "redis://127.0.0.1:$redis_port" ${auth[@]+"${auth[@]}"} \
+    local shared=()
+    ((store)) && shared=(--store "redis://127.0.0.1:$redis_port")
+    [[ -n "$password_file" ]] && ((store)) && shared+=(--store-password-file "$password_file")
+    "$ecokv" serve --port "$2" --port-file "$dir/$1.port" ${shared[@]+"${shared[@]}"} \
         ${serve_args[@]+"${serve_args[@]}"} >> "$log" 2>&1 < /dev/null &
     echo $! > "$dir/$1.pid"
     wait_for "replica $1" test -s "$dir/$1.port"
@@ -92,7 +95,7 @@ start)
     dir=$(cd "$dir" && pwd)
     alive "$dir/haproxy.pid" && die "a cluster already runs from $dir (deploy/cluster.sh stop --dir $dir)"
     # what start-one needs
-    declare -p redis_port redis_mib password_file ecokv serve_args replica_port replicas > "$dir/cluster.env"
+    declare -p redis_port redis_mib password_file store ecokv serve_args replica_port replicas > "$dir/cluster.env"
     start_redis
     servers=""
     for ((i = 1; i <= replicas; ++i)); do

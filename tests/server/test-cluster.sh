@@ -57,7 +57,7 @@ start foreign --model "$ROOT/models/stories260K.gguf" --store "redis://127.0.0.1
 import sys
 from PIL import Image
 page = Image.open(sys.argv[1]).convert("RGB")
-for i in range(17):  # one pixel changed: the same receipt, another image
+for i in range(18):  # one pixel changed: the same receipt, another image
     p = page.copy()
     p.putpixel((0, 0), (i * 7 % 256, 255 - i, 128))
     p.save(f"{sys.argv[2]}/page-{i}.png")

@@ -25,6 +25,9 @@ struct cached_conversation {
     uint64_t              full_bytes = 0;  // what the same cells would take uncompressed
     entry_kind            kind       = entry_kind::conversation;
     std::string           compression_key;  // compression::key() of what made it (what units[0] names)
+    // false for the prompt's conversation before its answer, replaced when the turn ends: not worth a shared store's
+    // write (an identical request on the same replica still finds it)
+    bool                  shared = true;
 };
 
 // The first unit of an entry's key: the compression that made it (compression::key()), a value no token id or image

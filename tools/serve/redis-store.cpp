@@ -125,9 +125,11 @@ class redis_store::link {
         }
         return ctx_;
     }
-    // After an I/O error the context is unusable: freed, made again later.
+    // After an I/O error the context is unusable: freed, and made again at the next get() (a Redis restarted since
+    // the connection was made answers at once; one that is down starts the once-a-second tries).
     void broken(const std::string & why) {
         drop();
+        tried_ = false;
         owner_.connected(false, why);
     }
     std::string error_text() const { return ctx_ && ctx_->err ? ctx_->errstr : "no reply"; }
@@ -213,17 +215,19 @@ std::shared_ptr<const cached_conversation> redis_store::find(const std::vector<u
         return nullptr;
     }
     const std::lock_guard<std::mutex> lock(read_mutex_);
-    if (reader_->get() == nullptr) {
-        return nullptr;
+    std::shared_ptr<const cached_conversation> found;
+    bool                                       answered = false;
+    // twice: a connection that Redis closed (a restart) fails once, then is made again
+    for (int attempt = 0; attempt < 2 && !answered && reader_->get() != nullptr; ++attempt) {
+        answered = read(*reader_, units, longer_than, found);
     }
-    auto found = read(*reader_, units, longer_than);
     const std::lock_guard<std::mutex> state(state_mutex_);
     ++(found ? t_.hits : t_.misses);
     return found;
 }
 
-std::shared_ptr<const cached_conversation> redis_store::read(link & l, const std::vector<uint64_t> & units,
-                                                             size_t longer_than) {
+bool redis_store::read(link & l, const std::vector<uint64_t> & units, size_t longer_than,
+                       std::shared_ptr<const cached_conversation> & found) {
     redisContext * c = l.get();
     const auto     lengths_of = lengths_key(units[0]);
     const std::string above = "(" + std::to_string(longer_than), most = std::to_string(units.size());
@@ -231,7 +235,7 @@ std::shared_ptr<const cached_conversation> redis_store::read(link & l, const std
                                                    above.c_str(), most.c_str())));
     if (!r || r->type != REDIS_REPLY_ARRAY) {
         l.broken(!r ? l.error_text() : r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "unexpected reply");
-        return nullptr;
+        return false;
     }
     std::vector<size_t> lengths;
     for (size_t i = 0; i < r->elements; ++i) {
@@ -244,7 +248,7 @@ std::shared_ptr<const cached_conversation> redis_store::read(link & l, const std
     std::sort(lengths.begin(), lengths.end());
     lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
     if (lengths.empty()) {
-        return nullptr;
+        return true;
     }
     std::vector<std::string> keys;
     for (const auto & d : prefix_digests(units, lengths)) {
@@ -256,7 +260,7 @@ std::shared_ptr<const cached_conversation> redis_store::read(link & l, const std
         void * p = nullptr;
         if (redisGetReply(c, &p) != REDIS_OK) {
             l.broken(l.error_text());
-            return nullptr;
+            return false;
         }
         const reply e(static_cast<redisReply *>(p));
         exists[i] = e->type == REDIS_REPLY_INTEGER && e->integer == 1;
@@ -268,7 +272,7 @@ std::shared_ptr<const cached_conversation> redis_store::read(link & l, const std
         reply g(static_cast<redisReply *>(redisCommand(c, "GET %b", keys[i].data(), keys[i].size())));
         if (!g) {
             l.broken(l.error_text());
-            return nullptr;
+            return false;
         }
         if (g->type != REDIS_REPLY_STRING) {
             continue;
@@ -288,13 +292,13 @@ std::shared_ptr<const cached_conversation> redis_store::read(link & l, const std
             kept->full_bytes = e.kv_bytes_full;
             kept->kind       = e.role == el::entry_role::context ? entry_kind::prefix : entry_kind::conversation;
             kept->compression_key = std::move(e.header.compression_key);
-            return kept;
+            found                 = std::move(kept);
         } catch (const el::entry_error & e) {  // treated as a miss: the request is prefilled
             refuse(e);
-            return nullptr;
         }
+        return true;
     }
-    return nullptr;
+    return true;
 }
 
 void redis_store::refuse(const el::entry_error & e) {
@@ -331,17 +335,26 @@ void redis_store::write_loop() {
         std::shared_ptr<const cached_conversation> c;
         {
             std::unique_lock<std::mutex> lock(queue_mutex_);
-            queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-            if (queue_.empty()) {
+            queued_.wait_for(lock, std::chrono::seconds(1), [&] { return stopping_ || !queue_.empty(); });
+            if (queue_.empty() && stopping_) {
                 return;
+            }
+            if (queue_.empty()) {  // idle: while Redis is down, try it every second, so that /metrics and /health
+                lock.unlock();     // say when it is back without waiting for a request
+                if (!totals_now().up) {
+                    writer_->get();
+                }
+                continue;
             }
             c = std::move(queue_.front());
             queue_.pop_front();
             writing_ = true;
         }
-        if (writer_->get() != nullptr) {
-            write(*writer_, *c);
-        } else {
+        bool written = false;  // twice, as a lookup: a connection that Redis closed fails once
+        for (int attempt = 0; attempt < 2 && !written && writer_->get() != nullptr; ++attempt) {
+            written = write(*writer_, *c);
+        }
+        if (!written) {
             const std::lock_guard<std::mutex> state(state_mutex_);
             ++t_.dropped;
         }
@@ -355,7 +368,7 @@ void redis_store::write_loop() {
 
 // One SET of the whole entry (atomic: replicas writing the same key at once leave one of their entries, never a mix),
 // then its length added to the compression's index, whose expiry follows the newest entry's.
-void redis_store::write(link & l, const cached_conversation & c) {
+bool redis_store::write(link & l, const cached_conversation & c) {
     el::entry e;
     e.header                 = expected_;
     e.header.compression_key = c.compression_key;
@@ -375,14 +388,14 @@ void redis_store::write(link & l, const cached_conversation & c) {
         void * p = nullptr;
         if (redisGetReply(ctx, &p) != REDIS_OK) {
             l.broken(l.error_text());
-            ok = false;
-            break;
+            return false;
         }
         const reply r(static_cast<redisReply *>(p));
         ok = ok && r->type != REDIS_REPLY_ERROR;  // e.g. OOM under maxmemory with noeviction
     }
     const std::lock_guard<std::mutex> state(state_mutex_);
     ++(ok ? t_.writes : t_.write_errors);
+    return true;
 }
 
 redis_store::totals redis_store::totals_now() const {
@@ -406,7 +419,7 @@ std::shared_ptr<const cached_conversation> tiered_cache::find(const std::vector<
 }
 
 void tiered_cache::put(std::shared_ptr<const cached_conversation> c, const cached_conversation * replaces) {
-    if (shared_ != nullptr) {
+    if (shared_ != nullptr && c->shared) {
         shared_->put(c);
     }
     local_.put(std::move(c), replaces);

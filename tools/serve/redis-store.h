@@ -5,7 +5,8 @@
 //                                                         so that a lookup asks only for prefix lengths that exist
 // Writes go through a queue to a writer thread and never delay an answer; lookups ask Redis on the request's thread
 // (three round trips on loopback: the lengths, which of them exist, the longest). Redis unreachable: lookups miss and
-// writes are dropped at once, with one warning, and a reconnection is tried at most every second (counted).
+// writes are dropped at once, with one warning, and a reconnection is tried every second, with or without requests
+// (counted); a connection that Redis closed (a restart) is made again at once.
 #pragma once
 
 #include "cache-tier.h"
@@ -65,8 +66,10 @@ class redis_store {
 
     std::string entry_key(const std::array<uint8_t, 16> & digest) const;
     std::string lengths_key(uint64_t first_unit) const;
-    std::shared_ptr<const cached_conversation> read(link & l, const std::vector<uint64_t> & units, size_t longer_than);
-    void write(link & l, const cached_conversation & c);
+    // One lookup or write over l: false when the connection failed (l is then broken), true when Redis answered.
+    bool read(link & l, const std::vector<uint64_t> & units, size_t longer_than,
+              std::shared_ptr<const cached_conversation> & found);
+    bool write(link & l, const cached_conversation & c);
     void refuse(const llama::entry_error & e);
     void write_loop();
     void connected(bool ok, const std::string & why);

@@ -162,7 +162,8 @@ std::shared_ptr<turn> scheduler::begin(const place & at, const chat_request & r,
     stats_.prefill_us += uint64_t(t->prefill_s * 1e6);
     stats_.prompt_tokens += uint64_t(t->prompt_cells);
     stats_.cached_tokens += uint64_t(t->cached_cells);
-    auto kept = entry(*t->seq, c.key(), t->key, t->prompt_cells);
+    auto kept    = entry(*t->seq, c.key(), t->key, t->prompt_cells);
+    kept->shared = false;  // finish() replaces it
     cache_.put(kept, hit && hit->kind == entry_kind::conversation ? hit.get() : nullptr);  // a context stays for others
     t->kept = std::move(kept);
     const std::lock_guard<std::mutex> lock(mutex_);
