@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The ThreadSanitizer job (issue 34): ecokv built by clang with -fsanitize=thread in build-tsan/, then the server's
 # tests (tests/server/test-serve.sh: the openai client's concurrent requests, 16 identical concurrent requests
-# resuming one kept conversation, the conversation cache, a full queue) against that server. The slow-clients part
+# resuming one kept conversation, the conversation cache, a full queue; tests/server/test-cluster.sh: replicas sharing
+# conversations through Redis) against that server. The slow-clients part
 # is the CPU job's (SKIP_SLOW_CLIENTS): its deadlines are timings, and a TSan build runs several times slower (one of
 # 200 connections outlived the wait once here, on a loaded machine).
 # llama.cpp is not built again: build-tsan links the ordinary build's shared libraries (build/, scripts/test.sh),
@@ -26,4 +27,6 @@ cmake --build $B -j"$(nproc)" --target ecokv-cli
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 ignore_noninstrumented_modules=1"
 export OMP_NUM_THREADS=1
 SKIP_SLOW_CLIENTS=1 bash tests/server/test-serve.sh $B/bin/ecokv
+# the shared store's writer thread and lookups, Redis going away and coming back, under the same checks
+bash tests/server/test-cluster.sh $B/bin/ecokv
 echo "tsan.sh: the server's tests passed under ThreadSanitizer"
