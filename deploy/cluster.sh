@@ -8,7 +8,8 @@
 #   deploy/cluster.sh stop-one NAME [--dir D]        NAME: redis, or r1..rN as HAProxy names them (X-Ecokv-Replica)
 #   deploy/cluster.sh start-one NAME [--dir D]       starts it again as it was started
 #   deploy/cluster.sh status [--dir D]
-# Defaults: 3 replicas; HAProxy on 127.0.0.1:8080, replicas on the ports after it (8081...), Redis on 6379 with
+# Defaults: 3 replicas; HAProxy on 127.0.0.1:8080, replicas on the ports after it (8081...), Redis on 6390 (not
+# 6379, where Debian's redis-server service listens once installed) with
 # 512 MiB and maxmemory-policy allkeys-lru (the least recently used entries go first); --dir ./cluster;
 # --ecokv build/bin/ecokv. SERVE_ARGS go to every replica (e.g. --slots 2 --cache-mib 64). With a password file,
 # Redis requires its first line (AUTH; given on Redis's stdin, not its command line) and every replica sends it.
@@ -18,7 +19,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 cmd=${1:-}
 [[ -n "$cmd" ]] && shift
-replicas=3 port=8080 replica_port="" redis_port=6379 redis_mib=512 dir=cluster ecokv="$ROOT/build/bin/ecokv" name=""
+replicas=3 port=8080 replica_port="" redis_port=6390 redis_mib=512 dir=cluster ecokv="$ROOT/build/bin/ecokv" name=""
 password_file="" store=1
 serve_args=()
 while (($#)); do
