@@ -28,11 +28,15 @@ def main():
         "compressed_equal_llama": sum(a == b for a, b in zip(answers["ecokv"], answers["llama"])),
         "answers": checks,
     }
+    native = json.load(open(f"{work}/native.json")) if os.path.exists(f"{work}/native.json") else None
     tmp = out + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"seconds_per_point": seconds, "budget": budget, "check": check, "runs": runs}, f, indent=1)
+        json.dump({"seconds_per_point": seconds, "budget": budget, "ggml_native": native, "check": check, "runs": runs},
+                  f, indent=1)
     os.replace(tmp, out)
 
+    if native:
+        print(f"ggml built for this CPU (GGML_NATIVE): ecokv {native['ecokv']}, llama-server {native['llama_server']}")
     print(f"prompt tokens of the 8 check questions: {check['prompt_tokens']} "
           f"({'the same on both servers' if check['same_prompt_tokens'] else 'DIFFERENT between the servers'}); "
           f"answers equal to llama-server's: full cache {check['full_equal_llama']}/{check['questions']}, "

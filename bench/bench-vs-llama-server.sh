@@ -5,7 +5,11 @@
 #                                                             OUT=bench/results/vs-llama-server.json)
 #
 # 1. Builds llama-server once from the pinned llama.cpp tree, unpatched (the bundle scripts/fetch-llama.sh keeps), into
-#    build-peer/ (git-ignored; never part of setup or the default build), with the flags of our own build.
+#    build-peer/ (git-ignored; never part of setup or the default build) at llama.cpp's own defaults, Release: its ggml
+#    is built for this CPU (GGML_NATIVE=ON, -march=native), while ecokv's default build is portable
+#    (ECOKV_LLAMA_NATIVE=OFF). The kernels differ (AVX-512 against AVX2 on this machine's Xeon): for equal kernels, build
+#    ecokv natively (cmake -B build-native -DECOKV_LLAMA_NATIVE=ON; ECOKV=build-native/bin/ecokv). Both builds' choice
+#    is printed and kept in the JSON.
 # 2. Renders held-out pages (vlm/gen_pages.py, QA seeds 0..399, every field's question).
 # 3. Checks that both servers see the same prompt (the same prompt tokens; llama-server renders ecokv's plain chat
 #    format through bench/peer/plain-chat.jinja) and compares their answers: ecokv's full cache must answer as
@@ -118,6 +122,10 @@ PY
 }
 
 build_peer
+native_of() { sed -n "s/^$2:BOOL=//p" "$1/CMakeCache.txt" 2>/dev/null | head -1; }  # native_of BUILD_DIR VARIABLE
+ECOKV_NATIVE=$(native_of "$(dirname "$(dirname "$ECOKV")")" ECOKV_LLAMA_NATIVE) PEER_NATIVE=$(native_of "$PEER/build" GGML_NATIVE)
+say "ggml built for this CPU (GGML_NATIVE): ecokv ${ECOKV_NATIVE:-?}, llama-server ${PEER_NATIVE:-?}"
+echo "{\"ecokv\": \"${ECOKV_NATIVE:-?}\", \"llama_server\": \"${PEER_NATIVE:-?}\"}" > "$DIR/native.json"
 say "pages: vlm/gen_pages.py --seed 0 --count 400 --task qa --all-questions"
 /usr/bin/python3 "$ROOT/vlm/gen_pages.py" --seed 0 --count 400 --task qa --all-questions --out "$DIR/pages" >/dev/null
 
