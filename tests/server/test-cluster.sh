@@ -53,15 +53,7 @@ start fresh --cache-mib 0; FRESH=$URL   # keeping nothing: a full prefill's answ
 start foreign --model "$ROOT/models/stories260K.gguf" --store "redis://127.0.0.1:$REDIS" \
     --store-password-file "$DIR/redis-password"; FOREIGN=$URL
 
-/usr/bin/python3 - "$ROOT/models/tiny-vlm-sample.png" "$DIR" <<'PY'  # Debian's, with python3-pil (scripts/setup.sh)
-import sys
-from PIL import Image
-page = Image.open(sys.argv[1]).convert("RGB")
-for i in range(18):  # one pixel changed: the same receipt, another image
-    p = page.copy()
-    p.putpixel((0, 0), (i * 7 % 256, 255 - i, 128))
-    p.save(f"{sys.argv[2]}/page-{i}.png")
-PY
+/usr/bin/python3 "$ROOT/tests/support/page-variants.py" "$ROOT/models/tiny-vlm-sample.png" 18 "$DIR"
 node "$ROOT/tests/server/cluster.mjs" "http://127.0.0.1:$PORT" "$REF" "$FRESH" "$FOREIGN" "$REDIS" "$DIR/cluster" "$DIR" "$ROOT"
 
 for f in "$DIR"/cluster/r*.log; do  # a bad entry is asked for by every request continuing it: logged once a kind

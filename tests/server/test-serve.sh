@@ -27,15 +27,7 @@ node "$ROOT/tests/server/clients.mjs" "$URL" "$ROOT/models/tiny-vlm-sample.png"
 
 # Compress once, ask many: kept contexts (prefix entries), against the same server keeping nothing and a 1 MiB cache.
 main_url=$URL
-/usr/bin/python3 - "$ROOT/models/tiny-vlm-sample.png" "$DIR" <<'PY'  # Debian's, with python3-pil (scripts/setup.sh)
-import sys
-from PIL import Image
-page = Image.open(sys.argv[1]).convert("RGB")
-for i in range(13):  # one pixel changed: the same receipt, another image
-    p = page.copy()
-    p.putpixel((0, 0), (i * 7 % 256, 255 - i, 128))
-    p.save(f"{sys.argv[2]}/page-{i}.png")
-PY
+/usr/bin/python3 "$ROOT/tests/support/page-variants.py" "$ROOT/models/tiny-vlm-sample.png" 13 "$DIR"
 start fresh --slots 2 --max-tokens 16 --cache-mib 0
 fresh_url=$URL
 start small --slots 2 --max-tokens 16 --cache-mib 1
