@@ -75,6 +75,9 @@ start_redis() {  # no persistence: the store is a cache, and a restarted Redis s
         --maxmemory-policy allkeys-lru --dir "$dir" --logfile "$dir/redis.log" --daemonize no > /dev/null 2>&1 &
     echo $! > "$dir/redis.pid"
     wait_for "redis on port $redis_port" redis-cli -p "$redis_port" ping
+    # the Redis that answers is this one, not another already on the port (Debian's service, another cluster)
+    [[ "$(redis-cli -p "$redis_port" info server 2>/dev/null | sed -n 's/^process_id:\([0-9]*\).*/\1/p')" == \
+       "$(cat "$dir/redis.pid")" ]] || die "redis did not start: port $redis_port in use? ($dir/redis.log)"
 }
 
 stop_pid() {  # stop_pid PIDFILE: SIGTERM, SIGKILL after 10 s
@@ -107,6 +110,8 @@ start)
     haproxy -f "$dir/haproxy.cfg" -db > "$dir/haproxy.log" 2>&1 < /dev/null &
     echo $! > "$dir/haproxy.pid"
     wait_for "haproxy on port $port" curl -sf "http://127.0.0.1:$port/health"
+    sleep 0.3  # a port in use ends HAProxy at once, while whatever holds the port answers /health
+    alive "$dir/haproxy.pid" || die "haproxy did not start: port $port in use? ($dir/haproxy.log)"
     echo "cluster: http://127.0.0.1:$port -> $replicas replicas (ports $replica_port-$((replica_port + replicas - 1))), redis on $redis_port; logs in $dir"
     ;;
 stop)
