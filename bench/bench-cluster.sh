@@ -84,9 +84,11 @@ entry_sizes compressed >> "$DIR/points.jsonl"
 entry_sizes full --full >> "$DIR/points.jsonl"
 mkdir -p "$(dirname "$OUT")"
 python3 - "$DIR/points.jsonl" "$OUT" <<'PY'
-import json, sys
+import json, os, sys
 points = [json.loads(l) for l in open(sys.argv[1])]
-json.dump({"points": points}, open(sys.argv[2], "w"), indent=1)
+with open(sys.argv[2] + ".tmp", "w") as f:  # renamed whole: an interrupted run leaves the last result
+    json.dump({"points": points}, f, indent=1)
+os.replace(sys.argv[2] + ".tmp", sys.argv[2])
 names = {"one-server": "one server (its own cache)", "round-robin": "3 replicas, round robin, no store",
          "shared-store": "3 replicas, round robin, shared store"}
 print("| setup | turns/s (rounds) | p50 ms | later turns p50 ms | p99 ms | cached | failed |")
