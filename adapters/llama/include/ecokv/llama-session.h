@@ -191,6 +191,7 @@ struct compression_info {
 };
 
 class sequence;
+class batch;
 
 // Whether sequence::compress() can make `c` from a prefilled sequence (one prefill, many compressions): enabled, not
 // chunked (a chunked prefill is its own) and never compressing again (the copy has no window queries to do it with).
@@ -263,6 +264,7 @@ class session {
 
   private:
     friend class sequence;
+    friend class batch;
     uint64_t compute_fingerprint() const;
     // Prefills `p` chunk by chunk so that no KV head ever holds more than the budget plus one chunk (and llama.cpp's
     // padding): chunks of at most n_chunk cells (an image is never split; a chunk not longer than the method's
