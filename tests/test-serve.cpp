@@ -238,17 +238,20 @@ TEST(serve, the_cache_finds_equal_and_shorter_prompts_and_keeps_one_copy) {
 
 }  // namespace
 
-// -t 0: the cores divided among the requests running now, counted by hand; never fewer than one thread.
+// -t 0: the cores divided among the users computing now (requests prefilling or decoding alone, the decode loop),
+// counted by hand; never fewer than one thread.
 TEST(serve, running_requests_share_the_cores) {
     ecokv::serve::core_share two(2), sixteen(16), none(0);
     EXPECT_EQ(two.threads(), 2);  // nothing admitted yet: a request arriving has them all
-    two.set_running(1);
+    two.add_user(1);
     EXPECT_EQ(two.threads(), 2);
-    two.set_running(2);
+    two.add_user(1);
     EXPECT_EQ(two.threads(), 1);
-    two.set_running(3);
+    two.add_user(1);
     EXPECT_EQ(two.threads(), 1);
-    sixteen.set_running(3);
+    two.add_user(-2);
+    EXPECT_EQ(two.threads(), 2);
+    sixteen.add_user(3);
     EXPECT_EQ(sixteen.threads(), 5);
     EXPECT_EQ(none.threads(), 1);
 }

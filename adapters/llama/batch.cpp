@@ -146,6 +146,10 @@ void batch::step(const std::vector<std::pair<int32_t, std::vector<llama_token>>>
         throw error("batch: " + std::to_string(n_tokens) + " tokens in one step, more than the batch of " +
                     std::to_string(llama_n_batch(ctx)));
     }
+    if (impl_->s->opts.threads_now) {  // the cores the server's running work shares now
+        const int32_t n = std::max(1, impl_->s->opts.threads_now());
+        llama_set_n_threads(ctx, n, n);
+    }
     llama_batch b = llama_batch_init(int32_t(n_tokens), 0, 1);
     std::vector<int32_t> last;  // per work item, the batch index of its last token
     for (const auto & [i, tokens] : work) {
@@ -189,7 +193,7 @@ snapshot batch::release(int32_t seat) {
     if (!s.layout.empty()) {
         s.decoded_modality.resize(s.decoded_modality.size() + size_t(t.n_decoded), uint8_t(modality::text));
     } else {
-        s.kv_bytes_kept = kv_bytes_of_cells(impl_->ctx.get(), s.n_cells);
+        s.kv_bytes_kept = llama::kv_bytes_of_cells(impl_->ctx.get(), s.n_cells);
     }
     impl_->free_seat(seat);
     return s;
@@ -211,5 +215,6 @@ int32_t  batch::kept_rows_used() const {
     return impl_->kept_used.empty() ? 0 : int32_t(*std::max_element(impl_->kept_used.begin(), impl_->kept_used.end()));
 }
 uint64_t batch::kv_bytes_allocated() const { return llama::kv_bytes_allocated(impl_->ctx.get()); }
+uint64_t batch::kv_bytes_of_cells(int32_t n) const { return llama::kv_bytes_of_cells(impl_->ctx.get(), n); }
 
 }  // namespace ecokv::llama

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <random>
 
 namespace ecokv::serve {
@@ -51,10 +52,33 @@ size_t held_back(const std::string & s, const std::vector<std::string> & stop) {
     return hold;
 }
 
-// KV bytes a conversation holds: the kept entries of its compressed prefix and every cell stored since, or its cells.
-uint64_t held_bytes(const el::sequence & seq, const el::snapshot & snap) {
-    return snap.layout.empty() ? seq.kv_bytes_of_cells(snap.n_cells)
-                               : seq.kv_bytes_kept() + seq.kv_bytes_of_cells(snap.n_cells - 1);
+// What a turn holds after its answer, from its sequence or, in the decode loop, from the state it left with.
+struct held_figures {
+    uint64_t bytes_kept = 0, bytes_allocated = 0, bytes_full = 0;  // KV bytes
+    int32_t  entries = 0, recompressions = 0, n_decoded = 0;
+    const std::vector<std::vector<int32_t>> * kept_cells = nullptr;
+};
+
+held_figures held(const turn & t, const el::snapshot & snap, int32_t n_cells,
+                  const std::function<uint64_t(int32_t)> & of_cells) {
+    held_figures h;
+    // the kept entries of a compressed prefix and every cell stored since, or its cells
+    h.bytes_kept = snap.layout.empty() ? of_cells(snap.n_cells) : snap.kv_bytes_kept + of_cells(snap.n_cells - 1);
+    h.bytes_full = of_cells(n_cells);
+    if (t.seq) {
+        h.bytes_allocated = t.seq->kv_bytes_allocated();
+        h.entries         = t.seq->n_held();
+        h.recompressions  = t.seq->n_recompressions();
+        h.n_decoded       = t.seq->n_decoded();
+        h.kept_cells      = &t.seq->kept_cells();
+    } else {  // a seat of the pool holds what it keeps
+        h.bytes_allocated = h.bytes_kept;
+        h.entries   = snap.layout.empty() ? snap.n_cells
+                                          : int32_t(*std::max_element(snap.layout.begin(), snap.layout.end())) + snap.n_cells - 1;
+        h.n_decoded = int32_t(snap.decoded_modality.size());
+        h.kept_cells = &snap.kept_cells;
+    }
+    return h;
 }
 
 }  // namespace
@@ -84,14 +108,16 @@ void chat_server::generate(turn & t, const chat_request & r, const answer_header
     const auto               t0    = clock_type::now();
     std::vector<llama_token> eog;  // with ignore_eos: the tokens never picked
     std::vector<float>       masked;
-    for (llama_token v = 0; r.ignore_eos && v < llama_token(t.seq->logits().size()); ++v) {
+    // the turn's sequence, or its seat in the decode loop
+    const auto next_logits = [&]() -> const std::vector<float> & { return t.seat ? t.logits : t.seq->logits(); };
+    for (llama_token v = 0; r.ignore_eos && v < llama_token(next_logits().size()); ++v) {
         if (s_.is_end_of_generation(v)) {
             eog.push_back(v);
         }
     }
     try {
         for (int32_t i = 0; i < r.max_tokens && alive; ++i) {
-            const std::vector<float> * logits = &t.seq->logits();
+            const std::vector<float> * logits = &next_logits();
             if (!eog.empty()) {
                 masked = *logits;
                 for (const llama_token v : eog) {
@@ -105,7 +131,7 @@ void chat_server::generate(turn & t, const chat_request & r, const answer_header
                 break;
             }
             if (r.logprobs) {
-                const json e = logprob_entry(s_, t.seq->logits(), tok, r.top_logprobs);
+                const json e = logprob_entry(s_, next_logits(), tok, r.top_logprobs);
                 logprobs.push_back(e);
                 pending.push_back(e);
             }
@@ -126,7 +152,11 @@ void chat_server::generate(turn & t, const chat_request & r, const answer_header
                 break;
             }
             if (i + 1 < r.max_tokens && alive) {
-                t.seq->decode({ tok });  // compressed again first when decode_compress is due
+                if (t.seat) {
+                    t.logits = t.seat->next(tok);  // with every other seat's next token
+                } else {
+                    t.seq->decode({ tok });  // compressed again first when decode_compress is due
+                }
                 ++n_decoded;
             }
         }
@@ -144,17 +174,21 @@ void chat_server::generate(turn & t, const chat_request & r, const answer_header
     }
     const std::vector<llama_token> decoded(out.begin(), out.begin() + ptrdiff_t(n_decoded));
     const auto                     kept = scheduler_.finish(t, decoded);  // the conversation, for the next turn
+    const auto of_cells = [&](int32_t n) { return t.seq ? t.seq->kv_bytes_of_cells(n) : loop_->kv_bytes_of_cells(n); };
+    const held_figures             f = held(t, kept->snap, t.prompt_cells + int32_t(out.size()), of_cells);
     usage_figures                  u;
     u.prompt_cells       = t.prompt_cells;
     u.cached_cells       = t.cached_cells;
     u.completion_tokens  = int32_t(out.size());
-    u.kv_bytes_kept      = held_bytes(*t.seq, kept->snap);
-    u.kv_bytes_allocated = t.seq->kv_bytes_allocated();
-    u.kv_entries_held    = t.seq->n_held();
-    u.kv_recompressions  = t.seq->n_recompressions();
-    u.kv_bytes_full      = t.seq->kv_bytes_of_cells(t.prompt_cells + int32_t(out.size()));
+    u.kv_bytes_kept      = f.bytes_kept;
+    u.kv_bytes_allocated = f.bytes_allocated;
+    u.kv_entries_held    = f.entries;
+    u.kv_recompressions  = f.recompressions;
+    u.kv_bytes_full      = f.bytes_full;
     const json usage     = usage_json(u);
-    const json kv_kept   = t.cells ? kept_json(s_, *t.seq, *t.cells, decoded, u.kv_bytes_kept) : json();
+    const json kv_kept   = t.cells ? kept_json(s_, *f.kept_cells, f.n_decoded, *t.cells, decoded, u.kv_bytes_kept,
+                                               of_cells(int32_t(t.cells->pieces.size() + decoded.size())))
+                                   : json();
     if (r.stream) {
         if (sent < text.size() || !pending.empty()) {
             event(content_chunk(text.substr(sent)));

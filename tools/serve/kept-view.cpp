@@ -17,13 +17,13 @@ cell_map describe_cells(const llama::session & s, const llama::prompt & p) {
     return out;
 }
 
-json kept_json(const llama::session & s, const llama::sequence & seq, const cell_map & cells,
-               const std::vector<llama_token> & decoded, uint64_t bytes_kept) {
+json kept_json(const llama::session & s, const std::vector<std::vector<int32_t>> & kept, int32_t n_decoded,
+               const cell_map & cells, const std::vector<llama_token> & decoded, uint64_t bytes_kept,
+               uint64_t bytes_full) {
     const int32_t n_layers = llama_model_n_layer(s.model()), n_kv_heads = llama_model_n_head_kv(s.model());
     const int32_t n_cells  = int32_t(cells.pieces.size() + decoded.size());
-    const std::vector<std::vector<int32_t>> & kept = seq.kept_cells();  // empty: the full cache
     // Cells numbered from the last compression on are held by every head (kept_cells lists what it kept).
-    const int32_t      first_new = kept.empty() ? 0 : n_cells - seq.n_decoded();
+    const int32_t      first_new = kept.empty() ? 0 : n_cells - n_decoded;
     std::vector<int32_t> counts(size_t(n_cells), 0);
     json                 heads = kept.empty() ? json() : json::array(), entries = json::array();
     for (size_t h = 0; h < size_t(n_layers * n_kv_heads); ++h) {
@@ -63,7 +63,7 @@ json kept_json(const llama::session & s, const llama::sequence & seq, const cell
              { "heads", heads },
              { "entries_per_head", entries },
              { "bytes_kept", bytes_kept },
-             { "bytes_full", seq.kv_bytes_of_cells(n_cells) } };
+             { "bytes_full", bytes_full } };
 }
 
 }  // namespace ecokv::serve

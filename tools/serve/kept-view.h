@@ -19,9 +19,12 @@ struct cell_map {
 };
 cell_map describe_cells(const llama::session & s, const llama::prompt & p);
 
-// The kv_kept object of the sequence after its turn: the prompt's cells, then the `decoded` tokens of the answer.
-// bytes_kept: what the kept conversation takes (usage.kv_bytes_kept).
-nlohmann::json kept_json(const llama::session & s, const llama::sequence & seq, const cell_map & cells,
-                         const std::vector<llama_token> & decoded, uint64_t bytes_kept);
+// The kv_kept object of a conversation after its turn: the prompt's cells, then the `decoded` tokens of the answer.
+// kept: the cells each (layer, KV head) keeps (sequence::kept_cells; empty for a full cache), n_decoded of them
+// decoded since the last compression; bytes_kept: what the kept conversation takes (usage.kv_bytes_kept); bytes_full:
+// what its cells would take uncompressed.
+nlohmann::json kept_json(const llama::session & s, const std::vector<std::vector<int32_t>> & kept, int32_t n_decoded,
+                         const cell_map & cells, const std::vector<llama_token> & decoded, uint64_t bytes_kept,
+                         uint64_t bytes_full);
 
 }  // namespace ecokv::serve

@@ -54,26 +54,33 @@ std::shared_ptr<cached_conversation> entry(const el::sequence & seq, std::string
 }  // namespace
 
 struct scheduler::place {
-    scheduler &  sched;
-    const size_t id;
+    scheduler &       sched;
+    const size_t      id;
+    std::atomic<bool> computing{ false };
     place(scheduler & s, size_t i) : sched(s), id(i) {}
     place(const place &) = delete;
+    void compute(bool on) {
+        if (sched.cores_ && computing.exchange(on) != on) {
+            sched.cores_->add_user(on ? 1 : -1);
+        }
+    }
     ~place() {
+        compute(false);
         {
             const std::lock_guard<std::mutex> lock(sched.mutex_);
             --sched.busy_;
             sched.slot_states_[id].is_processing = false;
-            if (sched.cores_) {
-                sched.cores_->set_running(sched.busy_);
-            }
         }
         sched.free_.notify_one();
     }
 };
 
 scheduler::scheduler(const el::session & s, cache_tier & cache, serve_stats & stats, int32_t slots, int32_t queue,
-                     core_share * cores) :
-    s_(s), cache_(cache), stats_(stats), slots_(slots), queue_(queue), cores_(cores), slot_states_(size_t(slots)) {}
+                     core_share * cores, bool serial_prefill) :
+    s_(s), cache_(cache), stats_(stats), slots_(slots), queue_(queue), cores_(cores), serial_prefill_(serial_prefill),
+    slot_states_(size_t(slots)) {}
+
+void scheduler::hand_over(place & at) { at.compute(false); }
 
 std::shared_ptr<scheduler::place> scheduler::admit() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -87,13 +94,15 @@ std::shared_ptr<scheduler::place> scheduler::admit() {
         --waiting_;
     }
     ++busy_;
-    if (cores_) {
-        cores_->set_running(busy_);
-    }
     const auto idle = std::find_if(slot_states_.begin(), slot_states_.end(), [](const auto & s) { return !s.is_processing; });
     *idle           = { true, 0, 0, std::nullopt };
     // no temporary: its destructor would free a slot
-    return std::shared_ptr<place>(new place(*this, size_t(idle - slot_states_.begin())));
+    auto at = std::shared_ptr<place>(new place(*this, size_t(idle - slot_states_.begin())));
+    lock.unlock();
+    if (!serial_prefill_) {  // it prefills and decodes in its own context from now on
+        at->compute(true);
+    }
+    return at;
 }
 
 scheduler::load scheduler::load_now() const {
@@ -101,7 +110,12 @@ scheduler::load scheduler::load_now() const {
     return { slots_, busy_, waiting_, slot_states_ };
 }
 
-std::shared_ptr<turn> scheduler::begin(const place & at, const chat_request & r, const compression & c) {
+std::shared_ptr<turn> scheduler::begin(place & at, const chat_request & r, const compression & c) {
+    std::unique_lock<std::mutex> serial(prefill_mutex_, std::defer_lock);
+    if (serial_prefill_) {  // one prefill at a time, beside the decode loop
+        serial.lock();
+        at.compute(true);
+    }
     auto                      t = std::make_shared<turn>();
     std::optional<el::prompt> p;
     try {
@@ -172,6 +186,19 @@ std::shared_ptr<turn> scheduler::begin(const place & at, const chat_request & r,
 }
 
 std::shared_ptr<const cached_conversation> scheduler::finish(turn & t, const std::vector<llama_token> & decoded) {
+    std::vector<uint64_t> units = t.key;
+    units.insert(units.end(), decoded.begin(), decoded.end());
+    if (t.seat) {  // its state leaves the decode loop as the conversation kept
+        auto kept             = std::make_shared<cached_conversation>();
+        kept->compression_key = t.kept->compression_key;
+        kept->units           = std::move(units);
+        kept->full_bytes      = t.seat->kv_bytes_of_cells(t.prompt_cells + int32_t(decoded.size()));
+        kept->snap            = t.seat->leave();
+        kept->kind            = entry_kind::conversation;
+        t.seat.reset();
+        cache_.put(kept, t.kept.get());
+        return kept;
+    }
     bool keep = true;
     try {
         t.seq->end_turn();
@@ -179,8 +206,6 @@ std::shared_ptr<const cached_conversation> scheduler::finish(turn & t, const std
         ++stats_.errors;
         keep = false;
     }
-    std::vector<uint64_t> units = t.key;
-    units.insert(units.end(), decoded.begin(), decoded.end());
     auto kept = entry(*t.seq, t.kept->compression_key, std::move(units), t.prompt_cells + int32_t(decoded.size()));
     if (keep) {
         cache_.put(kept, t.kept.get());

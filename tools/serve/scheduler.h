@@ -6,6 +6,8 @@
 
 #include "cache-tier.h"
 #include "chat-request.h"
+#include "core-share.h"
+#include "decode-loop.h"
 #include "kept-view.h"
 
 #include "ecokv/llama-session.h"
@@ -28,19 +30,6 @@ struct serve_stats {
     std::atomic<uint64_t> prefill_us{ 0 }, decode_us{ 0 };
 };
 
-// The cores the running requests share (ecokv serve -t 0): each decode asks threads(), cores / running, so that a
-// lone request computes on every core and n requests split them instead of each keeping cores / slots.
-class core_share {
-  public:
-    explicit core_share(int32_t cores) : cores_(std::max(1, cores)) {}
-    int32_t threads() const { return std::max(1, cores_ / std::max(1, running_.load())); }
-    void    set_running(int32_t n) { running_ = n; }
-
-  private:
-    const int32_t        cores_;
-    std::atomic<int32_t> running_{ 0 };
-};
-
 // One answer in the making: the sequence after the prompt, what was reused, and the conversation kept.
 struct turn {
     std::optional<llama::sequence>             seq;
@@ -50,18 +39,23 @@ struct turn {
     double                                     prefill_s    = 0;
     std::optional<entry_kind>                  hit;  // what it resumed, or nothing (prefilled from the start)
     std::optional<cell_map>                    cells;   // the prompt's cells, when the request asks for kv_kept
+    std::optional<pool_seat>                   seat;    // decoding in the server's decode loop (seq then empty)
+    std::vector<float>                         logits;  // there: the distribution of the next token
 };
 
 class scheduler {
   public:
-    // cores: told how many requests run (null: each runs with the session's threads).
+    // cores: told how many requests compute (null: each runs with the session's threads). serial_prefill: one
+    // request prefills at a time (the others' answers decode in the decode loop meanwhile).
     scheduler(const llama::session & s, cache_tier & cache, serve_stats & stats, int32_t slots, int32_t queue,
-              core_share * cores = nullptr);
+              core_share * cores = nullptr, bool serial_prefill = false);
 
     // A place among the slots, freed when the last copy is gone (the answer streamed out). Waits for one; throws
-    // request_error 503 when every slot and the queue are taken.
+    // request_error 503 when every slot and the queue are taken. It computes (counts as a user of the cores) from
+    // begin() on until handed over to the decode loop or gone.
     struct place;
     std::shared_ptr<place> admit();
+    static void            hand_over(place & at);
 
     // What a slot runs: its request's prompt and what it resumed (idle: is_processing false, the last request's).
     struct slot_state {
@@ -79,10 +73,11 @@ class scheduler {
     // context it asks about) resumed and only the rest decoded; or the prompt prefilled with `c`, what comes before
     // the last user message's text (the context) first, compressed as ecokv run --question does and kept as a prefix
     // entry of its own, then the question. Kept as it stands. Throws request_error for a prompt the engine cannot take.
-    std::shared_ptr<turn> begin(const place & at, const chat_request & r, const compression & c);
+    std::shared_ptr<turn> begin(place & at, const chat_request & r, const compression & c);
     // The turn ended with `decoded` tokens decoded after its prompt: the sequence ends its turn (compressed again
     // over budget + recompress_slack) and the conversation is kept for the next turn, replacing the one kept after
     // the prompt. Returns the conversation as it stands (not kept when ending the turn failed; the answer still goes out).
+    // A turn of the decode loop leaves its seat here, its state the conversation kept.
     std::shared_ptr<const cached_conversation> finish(turn & t, const std::vector<llama_token> & decoded);
 
   private:
@@ -91,6 +86,8 @@ class scheduler {
     serve_stats &           stats_;
     const int32_t           slots_, queue_;
     core_share *            cores_;
+    const bool              serial_prefill_;
+    std::mutex              prefill_mutex_;
     mutable std::mutex      mutex_;
     std::condition_variable free_;
     int32_t                 busy_ = 0, waiting_ = 0;

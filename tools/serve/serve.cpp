@@ -81,7 +81,9 @@ int ecokv_serve(int argc, char ** argv) {
             ("host", "address to listen on", cxxopts::value<std::string>()->default_value("127.0.0.1"))
             ("port", "port (0: any free port, printed and written to --port-file)", cxxopts::value<int32_t>()->default_value("8080"))
             ("port-file", "write the port listened on to this file once serving", cxxopts::value<std::string>())
-            ("slots", "requests generating at once", cxxopts::value<int32_t>()->default_value("2"))
+            ("slots", "requests at once (sequences of the decode loop)", cxxopts::value<int32_t>()->default_value("2"))
+            ("kv-kept-rows", "rows of every KV head the decode loop keeps for compressed prompts' kept entries, of the -c rows (default: half when compressing, else 0)", cxxopts::value<int32_t>())
+            ("no-batch", "each request decodes in its own context (no decode loop)")
             ("queue", "requests waiting for a slot; more get HTTP 503", cxxopts::value<int32_t>()->default_value("16"))
             ("cache-mib", "memory for kept conversations, least recently used evicted first", cxxopts::value<int32_t>()->default_value("256"))
             ("max-tokens", "tokens generated when a request gives no max_tokens", cxxopts::value<int32_t>()->default_value("128"))
@@ -121,6 +123,13 @@ int ecokv_serve(int argc, char ** argv) {
         so.max_connections   = ecokv::tools::int_in_range(args, "max-connections", 1, 16384);
         so.request_timeout_s = ecokv::tools::int_in_range(args, "request-timeout", 1, 3600);
         so.kv.compress = args.count("full") == 0;
+        so.batch       = args.count("no-batch") == 0;
+        if (args.count("kv-kept-rows")) {
+            if (!so.batch) {
+                throw error("--kv-kept-rows sizes the decode loop, which --no-batch turns off");
+            }
+            so.kv_kept_rows = ecokv::tools::int_in_range(args, "kv-kept-rows", 0, 1 << 24);
+        }
         so.kv.server   = ecokv::tools::compression_from(args);
         so.kv.server.validate();  // now, as a request without kv_compression would use them
 

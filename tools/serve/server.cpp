@@ -45,6 +45,31 @@ bool same_secret(const std::string & a, const std::string & b) {
 
 void send_json(httplib::Response & res, const json & body) { res.set_content(json_text(body), "application/json"); }
 
+// The decode loop's KV memory: -c rows a head (the session's n_ctx), of which kv_kept_rows for kept entries, the
+// rest cells; a sequence for each slot. By default, when the server compresses, room for twice the budget of every
+// slot (AdaKV's heads take more than the budget, others less), at most half the rows.
+el::batch_options pool_options(const el::session & s, const serve_options & o) {
+    const int32_t rows = s.n_ctx();
+    const int32_t kept = o.kv_kept_rows >= 0 ? o.kv_kept_rows
+                         : o.kv.compress     ? std::min(rows / 2, 2 * o.slots * o.kv.server.params.budget)
+                                             : 0;
+    if (kept >= rows) {
+        throw error("--kv-kept-rows " + std::to_string(kept) + " leaves no cells of the " + std::to_string(rows) +
+                    " rows a head of -c");
+    }
+    return { rows - kept, kept, o.slots };
+}
+
+// Whether a turn decodes in the decode loop: not one that compresses while decoding or between turns (both need
+// the queries of what it decodes, which the loop's context does not record), nor a full cache whose V is transposed
+// (flash attention off: the loop's stores hold rows).
+bool decodes_in_loop(const compression & c, const el::session & s) {
+    if (c.enabled) {
+        return c.decode_compress == 0 && c.recompress_slack < 0;
+    }
+    return s.options().flash_attn != LLAMA_FLASH_ATTN_TYPE_DISABLED;
+}
+
 }  // namespace
 
 chat_server::chat_server(const el::session & s, serve_options o) :
@@ -55,7 +80,8 @@ chat_server::chat_server(const el::session & s, serve_options o) :
     store_(o_.store ? std::make_unique<redis_store>(*o_.store, el::entry_header{ s_.fingerprint(), s_.cache_shape(), "" })
                     : nullptr),
     tiers_(cache_, store_.get()),
-    scheduler_(s_, tiers_, stats_, o_.slots, o_.queue, o_.cores.get()) {
+    scheduler_(s_, tiers_, stats_, o_.slots, o_.queue, o_.cores.get(), o_.batch),
+    loop_(o_.batch ? std::make_unique<decode_loop>(s_, pool_options(s_, o_), o_.queue, o_.cores.get()) : nullptr) {
     setup_http();
 }
 
@@ -234,6 +260,18 @@ void chat_server::metrics(const httplib::Request &, httplib::Response & res) {
     }
     table.push_back({ "slots_busy", "gauge", "requests generating now", double(load.busy) });
     table.push_back({ "requests_waiting", "gauge", "requests waiting for a slot", double(load.waiting) });
+    if (loop_) {
+        const auto l = loop_->load_now();
+        table.push_back({ "kv_sequences_live", "gauge", "sequences in the decode loop", double(l.live) });
+        table.push_back({ "kv_requests_waiting_memory", "gauge", "requests waiting for KV memory", double(l.waiting) });
+        table.push_back({ "kv_cells_used", "gauge", "KV cells held or reserved for answers in the decode loop",
+                          double(l.cells_promised) });
+        table.push_back({ "kv_cells_total", "gauge", "KV cells of the decode loop", double(l.n_cells) });
+        table.push_back({ "kv_kept_rows_used", "gauge", "kept rows of the fullest KV head", double(l.kept_rows_used) });
+        table.push_back({ "kv_kept_rows_total", "gauge", "kept rows of every KV head", double(l.kept_rows) });
+        table.push_back({ "decode_steps_total", "counter", "llama_decode calls of the decode loop", double(l.steps) });
+        table.push_back({ "decode_step_tokens_total", "counter", "tokens those steps decoded", double(l.tokens) });
+    }
     res.set_content(prometheus_text(table), "text/plain; version=0.0.4");
 }
 
@@ -295,7 +333,8 @@ void chat_server::props(const httplib::Request &, httplib::Response & res) {
                          { "kv_compression", o_.kv.compress ? o_.kv.server.key() : std::string(k_full_cache) } } },
                      { "kv_methods", methods },
                      { "kv_method", o_.kv.server.spec.name() },
-                     { "kv_budget", o_.kv.server.params.budget } });
+                     { "kv_budget", o_.kv.server.params.budget },
+                     { "kv_memory", memory_json() } });
 }
 
 void chat_server::slots(const httplib::Request &, httplib::Response & res) {
@@ -310,9 +349,20 @@ void chat_server::slots(const httplib::Request &, httplib::Response & res) {
                           { "n_prompt_tokens_cached", st.cached_cells },
                           { "cache_hit", !st.hit                                ? json()
                                          : *st.hit == entry_kind::prefix ? json("prefix")
-                                                                         : json("conversation") } });
+                                                                         : json("conversation") },
+                          { "kv_memory", memory_json() } });
     }
     send_json(res, slots);
+}
+
+// The decode loop's memory as /props and /slots show it (null with --no-batch).
+json chat_server::memory_json() const {
+    if (!loop_) {
+        return json();
+    }
+    const auto l = loop_->load_now();
+    return { { "cells", l.n_cells }, { "cells_used", l.cells_promised }, { "kept_rows", l.kept_rows },
+             { "kept_rows_used", l.kept_rows_used }, { "sequences", l.live }, { "waiting", l.waiting } };
 }
 
 void chat_server::chat_completions(const httplib::Request & req, httplib::Response & res) {
@@ -344,6 +394,14 @@ void chat_server::chat(const httplib::Request & req, httplib::Response & res, re
         h.id         = "chatcmpl-" + std::to_string(h.created) + "-" + std::to_string(n);
         h.completion = r->prompt_text.has_value();
         auto t       = scheduler_.begin(*place, *r, c);
+        if (loop_ && decodes_in_loop(c, s_) && loop_->could_fit(t->kept->snap, r->max_tokens)) {
+            // its own context freed, the answer decodes with the others' (one that never fits the loop's memory
+            // decodes alone, as with --no-batch)'
+            scheduler::hand_over(*place);
+            t->logits = t->kept->snap.logits;
+            t->seq.reset();
+            t->seat.emplace(*loop_, loop_->enter(t->kept->snap, r->max_tokens));
+        }
         res.set_chunked_content_provider(r->stream ? "text/event-stream" : "application/json",
                                          [this, t, r, h, place](size_t, httplib::DataSink & sink) {
                                              generate(*t, *r, h, sink);

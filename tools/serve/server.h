@@ -10,6 +10,7 @@
 #include "conversation-cache.h"
 #include "redis-store.h"
 #include "responses.h"
+#include "decode-loop.h"
 #include "scheduler.h"
 
 #include "ecokv/llama-session.h"
@@ -46,6 +47,11 @@ struct serve_options {
     // -t 0: the cores the running requests share (the session's threads_now asks it); null: fixed threads
     std::shared_ptr<core_share> cores;
     std::optional<store_options> store;  // --store: kept entries shared with other replicas through Redis
+    // The decode loop (issue 50): every answer decodes in one context whose KV memory all sequences share, rows per
+    // head: kv_kept_rows for compressed prompts' kept entries, the rest of -c (the session's n_ctx) cells; requests
+    // admitted while their cells and kept rows fit, one prefill at a time. Off: each request decodes in its own context.
+    bool                         batch        = true;
+    int32_t                      kv_kept_rows = -1;  // -1: half of -c when compressing, else 0
 };
 
 class chat_server {
@@ -85,6 +91,7 @@ class chat_server {
     // An OpenAI endpoint: the request parsed, admitted, begun on the engine, its answer streamed by generate().
     void chat(const httplib::Request & req, httplib::Response & res, request_parser parse);
     void generate(turn & t, const chat_request & r, const answer_header & h, httplib::DataSink & sink);
+    nlohmann::json memory_json() const;
 
     const llama::session &           s_;
     serve_options                    o_;
@@ -94,6 +101,7 @@ class chat_server {
     tiered_cache                     tiers_;
     serve_stats                      stats_;
     scheduler                        scheduler_;
+    std::unique_ptr<decode_loop>     loop_;  // null: --no-batch
     std::atomic<connection_pool *>   connections_{ nullptr };  // while listening
     int                              port_ = 0;
 };

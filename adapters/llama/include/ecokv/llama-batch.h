@@ -58,6 +58,7 @@ class batch {
     int32_t                    n_cells() const;         // the pool's cells
     int32_t                    kept_rows_used() const;  // the most kept rows any head holds now
     uint64_t                   kv_bytes_allocated() const;
+    uint64_t                   kv_bytes_of_cells(int32_t n) const;  // K and V of n cells in every head and layer
 
   private:
     struct impl;

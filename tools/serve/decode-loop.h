@@ -1,0 +1,92 @@
+// ecokv serve: the one decode loop (continuous batching over ragged caches, issue 50). Every answer being generated
+// is a seat of one llama::batch: one llama.cpp context whose KV memory (-c cells, plus kept rows per head for the
+// compressed prompts) all live sequences share. A request thread enters its prompt's cache as a snapshot (admitted
+// while it fits, else it waits, among at most `queue` others), then hands over each token it picked; the loop thread
+// decodes the next token of every seat that handed one over in one llama_decode, and each thread gets its logits back.
+#pragma once
+
+#include "chat-request.h"
+#include "core-share.h"
+
+#include "ecokv/llama-batch.h"
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace ecokv::serve {
+
+class decode_loop {
+  public:
+    // cores: the loop counts as one user while seats are live (null: the session's threads).
+    decode_loop(const llama::session & s, const llama::batch_options & o, int32_t queue, core_share * cores);
+    ~decode_loop();
+    decode_loop(const decode_loop &) = delete;
+    decode_loop & operator=(const decode_loop &) = delete;
+
+    // Whether `snap` with room for n_new tokens fits the loop's memory when nothing else is in it.
+    bool               could_fit(const llama::snapshot & snap, int32_t n_new) const;
+    // Admits `snap` with room for n_new tokens once it fits; returns its seat. Throws request_error: 400 when it can
+    // never fit the pool, 503 when `queue` requests wait already.
+    int32_t            enter(const llama::snapshot & snap, int32_t n_new);
+    // Decodes `tok` at the seat in the next step and returns the seat's logits after it. Throws ecokv::error.
+    std::vector<float> next(int32_t seat, llama_token tok);
+    llama::snapshot    leave(int32_t seat);  // the seat's state, and the seat freed
+    void               drop(int32_t seat);
+    uint64_t           kv_bytes_of_cells(int32_t n) const { return batch_.kv_bytes_of_cells(n); }
+
+    struct load {
+        int32_t  live = 0, waiting = 0, cells_promised = 0, n_cells = 0, kept_rows_used = 0, kept_rows = 0;
+        uint64_t steps = 0, tokens = 0;  // llama_decode calls and the tokens they decoded
+    };
+    load load_now() const;
+
+  private:
+    struct pending {
+        llama_token        token = 0;
+        bool               asked = false, done = false;
+        std::string        error;
+        std::vector<float> logits;
+    };
+    void run();
+
+    llama::batch             batch_;
+    const int32_t            queue_, kept_rows_;
+    core_share *             cores_;
+    mutable std::mutex       mutex_;
+    std::condition_variable  asked_, stepped_, freed_;
+    std::vector<pending>     seats_;  // by seat
+    int32_t                  waiting_ = 0;
+    uint64_t                 steps_ = 0, tokens_ = 0;
+    bool                     stop_ = false;
+    std::thread              thread_;
+};
+
+// A turn's seat in the decode loop: left with its state, or dropped when the turn ends otherwise (a client gone
+// before its answer started, an error), so that no seat outlives its request.
+class pool_seat {
+  public:
+    pool_seat(decode_loop & loop, int32_t seat) : loop_(&loop), seat_(seat) {}
+    pool_seat(pool_seat && o) noexcept : loop_(std::exchange(o.loop_, nullptr)), seat_(o.seat_) {}
+    pool_seat & operator=(pool_seat &&) = delete;
+    ~pool_seat() {
+        try {
+            if (loop_) {
+                loop_->drop(seat_);
+            }
+        } catch (...) {  // the seat is gone already
+        }
+    }
+    std::vector<float> next(llama_token tok) { return loop_->next(seat_, tok); }
+    llama::snapshot    leave() { return std::exchange(loop_, nullptr)->leave(seat_); }
+    uint64_t           kv_bytes_of_cells(int32_t n) const { return loop_->kv_bytes_of_cells(n); }
+
+  private:
+    decode_loop * loop_;
+    int32_t       seat_;
+};
+
+}  // namespace ecokv::serve
