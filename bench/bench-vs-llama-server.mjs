@@ -44,15 +44,16 @@ if (!conversations[workload]) {
   process.exit(2);
 }
 const fresh = workload === 'unseen' || workload === 'unseen-4';
+const maxTokens = Number(process.env.MAX_TOKENS ?? 12);
 const limit = workload === 'check' ? Math.min(8, pages.length) : Infinity;
 
-// Every answer is 12 tokens (ignore_eos, llama-server's field, which ecokv serve takes too), so that both servers
-// decode as much whatever they answer; the check takes the answers as they end.
+// Every answer is MAX_TOKENS tokens (the environment's, default 12; ignore_eos, llama-server's field, which ecokv serve
+// takes too), so that both servers decode as much whatever they answer; the check takes the answers as they end.
 async function ask(messages) {
   const start = performance.now();
   const res = await fetch(`${url}/v1/chat/completions`, {
     method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ messages, max_tokens: 12, temperature: 0, ignore_eos: workload !== 'check' }),
+    body: JSON.stringify({ messages, max_tokens: maxTokens, temperature: 0, ignore_eos: workload !== 'check' }),
   });
   const r = await res.json().catch(() => ({}));
   return { ok: res.ok, ms: performance.now() - start, r };
@@ -99,7 +100,7 @@ console.log(JSON.stringify({
   workload, clients, seconds: wall, requests: latencies.length, rps: latencies.length / wall,
   p50: quantile(latencies, 0.5), p99: quantile(latencies, 0.99), later_p50: quantile(later, 0.5),
   prompt_tokens: prompt, cached_tokens: cached, cached_share: prompt ? cached / prompt : 0,
-  completion_per_request: completion / Math.max(1, latencies.length), failed, ran_out: ranOut,
+  completion_per_request: completion / Math.max(1, latencies.length), completion_tps: completion / wall, failed, ran_out: ranOut,
   ...(workload === 'check' ? { answers } : {}),
 }));
 process.exit(ranOut || failed ? 1 : 0);

@@ -16,8 +16,8 @@ constexpr auto k_gather = std::chrono::microseconds(1500);
 
 }  // namespace
 
-decode_loop::decode_loop(const el::session & s, const el::batch_options & o, int32_t queue, core_share * cores) :
-    batch_(s, o), queue_(queue), kept_rows_(o.n_kept_rows), cores_(cores), seats_(size_t(o.n_seq_max)) {
+decode_loop::decode_loop(const el::session & s, const el::batch_options & o, int32_t queue) :
+    batch_(s, o), queue_(queue), kept_rows_(o.n_kept_rows), seats_(size_t(o.n_seq_max)) {
     thread_ = std::thread([this] { run(); });
 }
 
@@ -54,9 +54,6 @@ int32_t decode_loop::enter(const el::snapshot & snap, int32_t n_new) {
     }
     const int32_t seat = batch_.admit(snap, n_new);
     seats_[size_t(seat)] = pending{};
-    if (cores_ && batch_.n_live() == 1) {
-        cores_->add_user(1);
-    }
     return seat;
 }
 
@@ -77,9 +74,6 @@ std::vector<float> decode_loop::next(int32_t seat, llama_token tok) {
 el::snapshot decode_loop::leave(int32_t seat) {
     std::unique_lock<std::mutex> lock(mutex_);
     el::snapshot s = batch_.release(seat);
-    if (cores_ && batch_.n_live() == 0) {
-        cores_->add_user(-1);
-    }
     lock.unlock();
     freed_.notify_all();
     return s;
@@ -88,11 +82,19 @@ el::snapshot decode_loop::leave(int32_t seat) {
 void decode_loop::drop(int32_t seat) {
     std::unique_lock<std::mutex> lock(mutex_);
     batch_.drop(seat);
-    if (cores_ && batch_.n_live() == 0) {
-        cores_->add_user(-1);
-    }
     lock.unlock();
     freed_.notify_all();
+}
+
+void decode_loop::on_engine(const std::function<void()> & f) {
+    task t{ &f, false, nullptr };
+    std::unique_lock<std::mutex> lock(mutex_);
+    tasks_.push_back(&t);
+    asked_.notify_all();
+    stepped_.wait(lock, [&] { return t.done; });
+    if (t.error) {
+        std::rethrow_exception(t.error);
+    }
 }
 
 decode_loop::load decode_loop::load_now() const {
@@ -101,44 +103,64 @@ decode_loop::load decode_loop::load_now() const {
              steps_, tokens_ };
 }
 
-// Waits for a token, then up to k_gather for every live seat's, and decodes them all in one step. The mutex is held
-// through the step: the seats in it are waiting for it, and entering or leaving changes the batch.
+// Waits for a token or a task. A step: up to k_gather for every live seat's token (not when a task waits), then every
+// token handed over by then decoded in one llama_decode, with the mutex held (the seats in it are waiting for it, and
+// entering or leaving changes the batch). A task runs with the mutex released. Each round does at most one of each.
 void decode_loop::run() {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto n_asked = [&] {
         return int32_t(std::count_if(seats_.begin(), seats_.end(), [](const pending & p) { return p.asked; }));
     };
     while (true) {
-        asked_.wait(lock, [&] { return stop_ || n_asked() > 0; });
+        asked_.wait(lock, [&] { return stop_ || n_asked() > 0 || !tasks_.empty(); });
         if (stop_) {
             return;
         }
-        asked_.wait_for(lock, k_gather, [&] { return stop_ || n_asked() >= batch_.n_live(); });
-        std::vector<std::pair<int32_t, std::vector<llama_token>>> work;
-        for (size_t i = 0; i < seats_.size(); ++i) {
-            if (seats_[i].asked) {
-                work.push_back({ int32_t(i), { seats_[i].token } });
+        if (n_asked() > 0) {
+            asked_.wait_for(lock, k_gather, [&] { return stop_ || !tasks_.empty() || n_asked() >= batch_.n_live(); });
+            step();
+        }
+        if (!tasks_.empty()) {
+            task * t = tasks_.front();
+            tasks_.pop_front();
+            lock.unlock();
+            try {
+                (*t->f)();
+            } catch (...) {
+                t->error = std::current_exception();
             }
+            lock.lock();
+            t->done = true;
+            stepped_.notify_all();
         }
-        std::string failed;
-        try {
-            batch_.step(work);
-        } catch (const std::exception & e) {
-            failed = e.what();
-        }
-        ++steps_;
-        tokens_ += work.size();
-        for (const auto & [i, tokens] : work) {
-            pending & p = seats_[size_t(i)];
-            p.asked     = false;
-            p.done      = true;
-            p.error     = failed;
-            if (failed.empty()) {
-                p.logits = batch_.logits(i);
-            }
-        }
-        stepped_.notify_all();
     }
+}
+
+void decode_loop::step() {
+    std::vector<std::pair<int32_t, std::vector<llama_token>>> work;
+    for (size_t i = 0; i < seats_.size(); ++i) {
+        if (seats_[i].asked) {
+            work.push_back({ int32_t(i), { seats_[i].token } });
+        }
+    }
+    std::string failed;
+    try {
+        batch_.step(work);
+    } catch (const std::exception & e) {
+        failed = e.what();
+    }
+    ++steps_;
+    tokens_ += work.size();
+    for (const auto & [i, tokens] : work) {
+        pending & p = seats_[size_t(i)];
+        p.asked     = false;
+        p.done      = true;
+        p.error     = failed;
+        if (failed.empty()) {
+            p.logits = batch_.logits(i);
+        }
+    }
+    stepped_.notify_all();
 }
 
 }  // namespace ecokv::serve

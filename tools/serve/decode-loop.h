@@ -3,6 +3,8 @@
 // compressed prompts) all live sequences share. A request thread enters its prompt's cache as a snapshot (admitted
 // while it fits, else it waits, among at most `queue` others), then hands over each token it picked; the loop thread
 // decodes the next token of every seat that handed one over in one llama_decode, and each thread gets its logits back.
+// The loop's thread also runs the rest of the engine's work (prefills, ...: on_engine), one piece between two steps,
+// so that one thread computes at a time, on every core.
 #pragma once
 
 #include "chat-request.h"
@@ -12,6 +14,9 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -21,8 +26,7 @@ namespace ecokv::serve {
 
 class decode_loop {
   public:
-    // cores: the loop counts as one user while seats are live (null: the session's threads).
-    decode_loop(const llama::session & s, const llama::batch_options & o, int32_t queue, core_share * cores);
+    decode_loop(const llama::session & s, const llama::batch_options & o, int32_t queue);
     ~decode_loop();
     decode_loop(const decode_loop &) = delete;
     decode_loop & operator=(const decode_loop &) = delete;
@@ -36,6 +40,9 @@ class decode_loop {
     std::vector<float> next(int32_t seat, llama_token tok);
     llama::snapshot    leave(int32_t seat);  // the seat's state, and the seat freed
     void               drop(int32_t seat);
+    // Runs f on the loop's thread between two steps (the engine_runner of the scheduler) and returns when it is done,
+    // rethrowing what it threw. Steps and such work alternate while both wait.
+    void               on_engine(const std::function<void()> & f);
     uint64_t           kv_bytes_of_cells(int32_t n) const { return batch_.kv_bytes_of_cells(n); }
 
     struct load {
@@ -52,10 +59,16 @@ class decode_loop {
         std::vector<float> logits;
     };
     void run();
+    void step();
 
     llama::batch             batch_;
     const int32_t            queue_, kept_rows_;
-    core_share *             cores_;
+    struct task {
+        const std::function<void()> * f = nullptr;
+        bool                          done = false;
+        std::exception_ptr            error;
+    };
+    std::deque<task *>       tasks_;
     mutable std::mutex       mutex_;
     std::condition_variable  asked_, stepped_, freed_;
     std::vector<pending>     seats_;  // by seat

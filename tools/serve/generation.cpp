@@ -155,7 +155,7 @@ void chat_server::generate(turn & t, const chat_request & r, const answer_header
                 if (t.seat) {
                     t.logits = t.seat->next(tok);  // with every other seat's next token
                 } else {
-                    t.seq->decode({ tok });  // compressed again first when decode_compress is due
+                    scheduler_.on_engine([&] { t.seq->decode({ tok }); });  // compressed again first when due
                 }
                 ++n_decoded;
             }

@@ -53,19 +53,19 @@ std::shared_ptr<cached_conversation> entry(const el::sequence & seq, std::string
 
 }  // namespace
 
+void scheduler::on_engine(const std::function<void()> & f) const {
+    engine_ ? engine_(f) : f();
+}
+
 struct scheduler::place {
-    scheduler &       sched;
-    const size_t      id;
-    std::atomic<bool> computing{ false };
+    scheduler &  sched;
+    const size_t id;
     place(scheduler & s, size_t i) : sched(s), id(i) {}
     place(const place &) = delete;
-    void compute(bool on) {
-        if (sched.cores_ && computing.exchange(on) != on) {
-            sched.cores_->add_user(on ? 1 : -1);
-        }
-    }
     ~place() {
-        compute(false);
+        if (sched.cores_) {
+            sched.cores_->add_user(-1);
+        }
         {
             const std::lock_guard<std::mutex> lock(sched.mutex_);
             --sched.busy_;
@@ -76,11 +76,9 @@ struct scheduler::place {
 };
 
 scheduler::scheduler(const el::session & s, cache_tier & cache, serve_stats & stats, int32_t slots, int32_t queue,
-                     core_share * cores, bool serial_prefill) :
-    s_(s), cache_(cache), stats_(stats), slots_(slots), queue_(queue), cores_(cores), serial_prefill_(serial_prefill),
+                     core_share * cores, engine_runner engine) :
+    s_(s), cache_(cache), stats_(stats), slots_(slots), queue_(queue), cores_(cores), engine_(std::move(engine)),
     slot_states_(size_t(slots)) {}
-
-void scheduler::hand_over(place & at) { at.compute(false); }
 
 std::shared_ptr<scheduler::place> scheduler::admit() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -97,12 +95,10 @@ std::shared_ptr<scheduler::place> scheduler::admit() {
     const auto idle = std::find_if(slot_states_.begin(), slot_states_.end(), [](const auto & s) { return !s.is_processing; });
     *idle           = { true, 0, 0, std::nullopt };
     // no temporary: its destructor would free a slot
-    auto at = std::shared_ptr<place>(new place(*this, size_t(idle - slot_states_.begin())));
-    lock.unlock();
-    if (!serial_prefill_) {  // it prefills and decodes in its own context from now on
-        at->compute(true);
+    if (cores_) {
+        cores_->add_user(1);
     }
-    return at;
+    return std::shared_ptr<place>(new place(*this, size_t(idle - slot_states_.begin())));
 }
 
 scheduler::load scheduler::load_now() const {
@@ -110,12 +106,7 @@ scheduler::load scheduler::load_now() const {
     return { slots_, busy_, waiting_, slot_states_ };
 }
 
-std::shared_ptr<turn> scheduler::begin(place & at, const chat_request & r, const compression & c) {
-    std::unique_lock<std::mutex> serial(prefill_mutex_, std::defer_lock);
-    if (serial_prefill_) {  // one prefill at a time, beside the decode loop
-        serial.lock();
-        at.compute(true);
-    }
+std::shared_ptr<turn> scheduler::begin(const place & at, const chat_request & r, const compression & c) {
     auto                      t = std::make_shared<turn>();
     std::optional<el::prompt> p;
     try {
@@ -134,8 +125,7 @@ std::shared_ptr<turn> scheduler::begin(place & at, const chat_request & r, const
                                 std::to_string(r.max_tokens) + ") exceeds the context of " +
                                 std::to_string(s_.n_ctx()));
     }
-    t->key        = keyed(c.key(), units);
-    const auto t0 = std::chrono::steady_clock::now();
+    t->key = keyed(c.key(), units);
     // Where the question starts: the units before the last user message's text (a completion's whole prompt).
     std::optional<size_t> split;
     const auto            context_end = [&] {
@@ -150,39 +140,48 @@ std::shared_ptr<turn> scheduler::begin(place & at, const chat_request & r, const
         }
         return *split;
     };
-    auto hit = cache_.find(t->key);
+    on_engine([&] { prefill(*t, *p, r, c, context_end); });
+    const std::lock_guard<std::mutex> lock(mutex_);
+    slot_states_[at.id] = { true, t->prompt_cells, t->cached_cells, t->hit };
+    return t;
+}
+
+// begin()'s work on the engine: the longest kept entry resumed, or the context prefilled and kept, then the rest.
+void scheduler::prefill(turn & t, const el::prompt & prompt, const chat_request & r, const compression & c,
+                        const std::function<size_t()> & context_end) {
+    const el::prompt &            p     = prompt;
+    const std::vector<uint64_t> & units = p.units();
+    const auto                    t0    = std::chrono::steady_clock::now();
+    auto hit = cache_.find(t.key);
     // A kept context serves a request with this very context (its own would be compressed whole), or any full cache.
     if (hit && hit->kind == entry_kind::prefix && c.enabled && hit->units.size() - 1 != context_end()) {
         hit = nullptr;
     }
     if (hit) {  // a kept context or conversation the prompt starts with: only the units after it are prefilled
         const size_t from = hit->units.size() - 1;
-        t->cached_cells   = p->cells_before(from);
-        t->seq.emplace(s_.resume(hit->snap, c, t->prompt_cells - t->cached_cells + r.max_tokens));
-        t->seq->append(*p, from);
-        t->hit = hit->kind;
+        t.cached_cells   = p.cells_before(from);
+        t.seq.emplace(s_.resume(hit->snap, c, t.prompt_cells - t.cached_cells + r.max_tokens));
+        t.seq->append(p, from);
+        t.hit = hit->kind;
         ++(hit->kind == entry_kind::prefix ? stats_.prefix_hits : stats_.hits);
     } else {  // the context prefilled (compressed) first and kept on its own for any request about it, then the rest
         const size_t at = context_end();
-        t->seq.emplace(s_.prefill(*p, c, r.max_tokens, at));
+        t.seq.emplace(s_.prefill(p, c, r.max_tokens, at));
         if (at > 0 && at < units.size()) {
-            cache_.put(entry(*t->seq, c.key(), keyed(c.key(), { units.begin(), units.begin() + ptrdiff_t(at) }),
-                             p->cells_before(at), entry_kind::prefix));
+            cache_.put(entry(*t.seq, c.key(), keyed(c.key(), { units.begin(), units.begin() + ptrdiff_t(at) }),
+                             p.cells_before(at), entry_kind::prefix));
         }
-        t->seq->append(*p, at);
+        t.seq->append(p, at);
         ++stats_.misses;
     }
-    t->prefill_s = seconds_since(t0);
-    stats_.prefill_us += uint64_t(t->prefill_s * 1e6);
-    stats_.prompt_tokens += uint64_t(t->prompt_cells);
-    stats_.cached_tokens += uint64_t(t->cached_cells);
-    auto kept    = entry(*t->seq, c.key(), t->key, t->prompt_cells);
+    t.prefill_s = seconds_since(t0);
+    stats_.prefill_us += uint64_t(t.prefill_s * 1e6);
+    stats_.prompt_tokens += uint64_t(t.prompt_cells);
+    stats_.cached_tokens += uint64_t(t.cached_cells);
+    auto kept    = entry(*t.seq, c.key(), t.key, t.prompt_cells);
     kept->shared = false;  // finish() replaces it
     cache_.put(kept, hit && hit->kind == entry_kind::conversation ? hit.get() : nullptr);  // a context stays for others
-    t->kept = std::move(kept);
-    const std::lock_guard<std::mutex> lock(mutex_);
-    slot_states_[at.id] = { true, t->prompt_cells, t->cached_cells, t->hit };
-    return t;
+    t.kept = std::move(kept);
 }
 
 std::shared_ptr<const cached_conversation> scheduler::finish(turn & t, const std::vector<llama_token> & decoded) {
@@ -201,7 +200,7 @@ std::shared_ptr<const cached_conversation> scheduler::finish(turn & t, const std
     }
     bool keep = true;
     try {
-        t.seq->end_turn();
+        on_engine([&] { t.seq->end_turn(); });
     } catch (const std::exception &) {  // the answer still goes out; the conversation is not kept
         ++stats_.errors;
         keep = false;

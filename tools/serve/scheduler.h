@@ -45,17 +45,14 @@ struct turn {
 
 class scheduler {
   public:
-    // cores: told how many requests compute (null: each runs with the session's threads). serial_prefill: one
-    // request prefills at a time (the others' answers decode in the decode loop meanwhile).
+    // cores: told how many requests run (null: each runs with the session's threads). engine: where prefills run.
     scheduler(const llama::session & s, cache_tier & cache, serve_stats & stats, int32_t slots, int32_t queue,
-              core_share * cores = nullptr, bool serial_prefill = false);
+              core_share * cores = nullptr, engine_runner engine = {});
 
     // A place among the slots, freed when the last copy is gone (the answer streamed out). Waits for one; throws
-    // request_error 503 when every slot and the queue are taken. It computes (counts as a user of the cores) from
-    // begin() on until handed over to the decode loop or gone.
+    // request_error 503 when every slot and the queue are taken.
     struct place;
     std::shared_ptr<place> admit();
-    static void            hand_over(place & at);
 
     // What a slot runs: its request's prompt and what it resumed (idle: is_processing false, the last request's).
     struct slot_state {
@@ -68,12 +65,14 @@ class scheduler {
         std::vector<slot_state> each;
     };
     load load_now() const;
+    // Runs f where the engine's work runs (core-share.h).
+    void on_engine(const std::function<void()> & f) const;
 
     // The request's prompt on its cache: the longest kept entry it starts with (a conversation it continues, or a
     // context it asks about) resumed and only the rest decoded; or the prompt prefilled with `c`, what comes before
     // the last user message's text (the context) first, compressed as ecokv run --question does and kept as a prefix
     // entry of its own, then the question. Kept as it stands. Throws request_error for a prompt the engine cannot take.
-    std::shared_ptr<turn> begin(place & at, const chat_request & r, const compression & c);
+    std::shared_ptr<turn> begin(const place & at, const chat_request & r, const compression & c);
     // The turn ended with `decoded` tokens decoded after its prompt: the sequence ends its turn (compressed again
     // over budget + recompress_slack) and the conversation is kept for the next turn, replacing the one kept after
     // the prompt. Returns the conversation as it stands (not kept when ending the turn failed; the answer still goes out).
@@ -81,13 +80,15 @@ class scheduler {
     std::shared_ptr<const cached_conversation> finish(turn & t, const std::vector<llama_token> & decoded);
 
   private:
+    void prefill(turn & t, const llama::prompt & p, const chat_request & r, const compression & c,
+                 const std::function<size_t()> & context_end);
+
     const llama::session &  s_;
     cache_tier &            cache_;
     serve_stats &           stats_;
     const int32_t           slots_, queue_;
     core_share *            cores_;
-    const bool              serial_prefill_;
-    std::mutex              prefill_mutex_;
+    engine_runner           engine_;
     mutable std::mutex      mutex_;
     std::condition_variable free_;
     int32_t                 busy_ = 0, waiting_ = 0;

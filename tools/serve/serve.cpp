@@ -135,7 +135,7 @@ int ecokv_serve(int argc, char ** argv) {
 
         const bool          bundled = args.count("model") == 0;
         el::session_options sopt = ecokv::tools::engine_options_from(args);
-        if (sopt.n_threads == 0) {  // requests running at once share the cores; a lone one has them all
+        if (sopt.n_threads == 0 && !so.batch) {  // requests running at once share the cores; a lone one has them all
             so.cores         = std::make_shared<ecokv::serve::core_share>(el::default_thread_count());
             sopt.threads_now = [cores = so.cores] { return cores->threads(); };
         }
@@ -155,8 +155,10 @@ int ecokv_serve(int argc, char ** argv) {
         g_server = &server;
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
-        const std::string threads = so.cores ? std::to_string(el::default_thread_count()) + " cores shared"
-                                             : std::to_string(sopt.n_threads) + " threads each";
+        const int32_t     n_threads = sopt.n_threads > 0 ? sopt.n_threads : el::default_thread_count();
+        const std::string threads   = so.batch  ? std::to_string(n_threads) + " threads, one decode loop"
+                                      : so.cores ? std::to_string(n_threads) + " cores shared"
+                                                 : std::to_string(n_threads) + " threads each";
         std::fprintf(stderr, "ecokv serve: %s on http://%s:%d (%d slots, %s, queue %d, cache %d MiB, %s)\n",
                      so.model_name.c_str(), so.host.c_str(), server.port(), so.slots, threads.c_str(), so.queue,
                      int(so.cache_bytes >> 20), so.kv.compress ? "compressed conversations" : "full caches");

@@ -80,8 +80,10 @@ chat_server::chat_server(const el::session & s, serve_options o) :
     store_(o_.store ? std::make_unique<redis_store>(*o_.store, el::entry_header{ s_.fingerprint(), s_.cache_shape(), "" })
                     : nullptr),
     tiers_(cache_, store_.get()),
-    scheduler_(s_, tiers_, stats_, o_.slots, o_.queue, o_.cores.get(), o_.batch),
-    loop_(o_.batch ? std::make_unique<decode_loop>(s_, pool_options(s_, o_), o_.queue, o_.cores.get()) : nullptr) {
+    loop_(o_.batch ? std::make_unique<decode_loop>(s_, pool_options(s_, o_), o_.queue) : nullptr),
+    scheduler_(s_, tiers_, stats_, o_.slots, o_.queue, o_.cores.get(),
+               loop_ ? engine_runner([loop = loop_.get()](const std::function<void()> & f) { loop->on_engine(f); })
+                     : engine_runner()) {
     setup_http();
 }
 
@@ -397,7 +399,6 @@ void chat_server::chat(const httplib::Request & req, httplib::Response & res, re
         if (loop_ && decodes_in_loop(c, s_) && loop_->could_fit(t->kept->snap, r->max_tokens)) {
             // its own context freed, the answer decodes with the others' (one that never fits the loop's memory
             // decodes alone, as with --no-batch)'
-            scheduler::hand_over(*place);
             t->logits = t->kept->snap.logits;
             t->seq.reset();
             t->seat.emplace(*loop_, loop_->enter(t->kept->snap, r->max_tokens));

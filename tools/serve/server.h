@@ -100,8 +100,8 @@ class chat_server {
     std::unique_ptr<redis_store>     store_;  // with --store: the replicas' shared tier
     tiered_cache                     tiers_;
     serve_stats                      stats_;
-    scheduler                        scheduler_;
     std::unique_ptr<decode_loop>     loop_;  // null: --no-batch
+    scheduler                        scheduler_;
     std::atomic<connection_pool *>   connections_{ nullptr };  // while listening
     int                              port_ = 0;
 };
