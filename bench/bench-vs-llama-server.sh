@@ -18,11 +18,15 @@
 #    round), ROUNDS times: requests/s, p50/p99, the share of prompt tokens served from cache, server CPU seconds
 #    per wall second, and the KV bytes each holds. Writes bench/results/vs-llama-server.json and prints the table.
 #
-# Setup: tiny-qwen2vl (MODEL, MMPROJ), 2 slots each: `ecokv serve --slots 2 -c 1024 -b BUDGET` and
-# `llama-server -np 2 -c 2048` (1024 cells a slot either way), threads by each server's default (the physical
-# cores), conversation caches of 1024 MiB (`--cache-mib` / `--cache-ram`) except in the equal-memory row (4 MiB).
-# ROWS (default all): a comma list of one-page-1, one-page-8, unseen-1, unseen-8, recurring-8, memory-16 and
-# memory-served-16 (the same, llama-server given an HTTP thread for every client: see below).
+# Setup (SETUP=slots, issue 43's): tiny-qwen2vl (MODEL, MMPROJ), 2 slots each: `ecokv serve --slots 2 -c 1024 -b
+# BUDGET` and `llama-server -np 2 -c 2048` (1024 cells a slot either way). SETUP=pool (issue 50's): the same KV memory
+# shared by all live sequences, `ecokv serve --slots SLOTS -c CTX` (default 16 and 4096; the decode loop's pool) and
+# llama-server as its auto default runs, 4 slots sharing one pool, `-np 4 -kvu -c CTX`. Threads by each server's default
+# (the physical cores), conversation caches of 1024 MiB (`--cache-mib` / `--cache-ram`) except in the equal-memory row
+# (4 MiB); answers of MAX_TOKENS tokens (default 12, ignore_eos).
+# ROWS (default all): a comma list of one-page-1, one-page-8, unseen-1, unseen-8, unseen-16, recurring-8, memory-16,
+# memory-served-16 (the same, llama-server given an HTTP thread for every client: see below) and full-unseen-1 (ecokv
+# with --full: full caches against llama-server's).
 set -euo pipefail
 export LC_ALL=C
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,9 +36,18 @@ BUDGET=${BUDGET:-100}
 MODEL=${MODEL:-$ROOT/models/tiny-qwen2vl.gguf}
 MMPROJ=${MMPROJ:-$ROOT/models/tiny-qwen2vl-mmproj.gguf}
 ECOKV=${ECOKV:-$ROOT/build/bin/ecokv}
+SETUP=${SETUP:-slots}
+CTX=${CTX:-4096}
+SLOTS=${SLOTS:-16}
+export MAX_TOKENS=${MAX_TOKENS:-12}
+case $SETUP in
+    slots) ECOKV_MEMORY=(--slots 2 -c 1024) PEER_MEMORY=(-np 2 -c 2048) ;;
+    pool) ECOKV_MEMORY=(--slots "$SLOTS" -c "$CTX") PEER_MEMORY=(-np 4 -kvu -c "$CTX") ;;
+    *) echo "bench-vs-llama-server: SETUP is slots or pool" >&2; exit 2 ;;
+esac
 PEER=$ROOT/build-peer
 LLAMA_SERVER=$PEER/build/bin/llama-server
-ROWS=${ROWS:-one-page-1,one-page-8,unseen-1,unseen-8,recurring-8,memory-16,memory-served-16}
+ROWS=${ROWS:-one-page-1,one-page-8,unseen-1,unseen-8,unseen-16,recurring-8,memory-16,memory-served-16,full-unseen-1}
 DIR=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$DIR"' EXIT
 say() { echo "bench-vs-llama-server: $*" >&2; }
@@ -65,12 +78,12 @@ start() {
     local port
     port=$(free_port)
     if [[ $server == ecokv ]]; then
-        "$ECOKV" serve --model "$MODEL" --mmproj "$MMPROJ" --port "$port" --slots 2 --queue 64 -c 1024 \
-            -b "$BUDGET" --cache-mib "$cache" --max-tokens 12 "$@" 2>"$DIR/$server.log" &
+        "$ECOKV" serve --model "$MODEL" --mmproj "$MMPROJ" --port "$port" "${ECOKV_MEMORY[@]}" --queue 64 \
+            -b "$BUDGET" --cache-mib "$cache" --max-tokens "$MAX_TOKENS" "$@" 2>"$DIR/$server.log" &
     else
         LLAMA_MEDIA_MARKER='<__media__>' "$LLAMA_SERVER" -m "$MODEL" --mmproj "$MMPROJ" --host 127.0.0.1 \
-            --port "$port" -np 2 -c 2048 --jinja --chat-template-file "$ROOT/bench/peer/plain-chat.jinja" \
-            --cache-ram "$cache" -n 12 --no-warmup -lv 4 "$@" >"$DIR/$server.log" 2>&1 &
+            --port "$port" "${PEER_MEMORY[@]}" --jinja --chat-template-file "$ROOT/bench/peer/plain-chat.jinja" \
+            --cache-ram "$cache" -n "$MAX_TOKENS" --no-warmup -lv 4 "$@" >"$DIR/$server.log" 2>&1 &
     fi
     PID=$! URL=http://127.0.0.1:$port
     for _ in $(seq 600); do
@@ -126,6 +139,9 @@ native_of() { sed -n "s/^$2:BOOL=//p" "$1/CMakeCache.txt" 2>/dev/null | head -1;
 ECOKV_NATIVE=$(native_of "$(dirname "$(dirname "$ECOKV")")" ECOKV_LLAMA_NATIVE) PEER_NATIVE=$(native_of "$PEER/build" GGML_NATIVE)
 say "ggml built for this CPU (GGML_NATIVE): ecokv ${ECOKV_NATIVE:-?}, llama-server ${PEER_NATIVE:-?}"
 echo "{\"ecokv\": \"${ECOKV_NATIVE:-?}\", \"llama_server\": \"${PEER_NATIVE:-?}\"}" > "$DIR/native.json"
+echo "{\"setup\": \"$SETUP\", \"ecokv\": \"${ECOKV_MEMORY[*]}\", \"llama_server\": \"${PEER_MEMORY[*]}\", \"max_tokens\": $MAX_TOKENS}" \
+    > "$DIR/setup.json"
+say "setup $SETUP: ecokv ${ECOKV_MEMORY[*]}, llama-server ${PEER_MEMORY[*]}, answers of $MAX_TOKENS tokens"
 say "pages: vlm/gen_pages.py --seed 0 --count 400 --task qa --all-questions"
 /usr/bin/python3 "$ROOT/vlm/gen_pages.py" --seed 0 --count 400 --task qa --all-questions --out "$DIR/pages" >/dev/null
 
@@ -142,7 +158,7 @@ for round in $(seq "$ROUNDS"); do
     for row in ${ROWS//,/ }; do
         case $row in
             one-page-*) workload=one-page cache=1024 ;;
-            unseen-*) workload=unseen cache=1024 ;;
+            unseen-*|full-unseen-*) workload=unseen cache=1024 ;;
             recurring-*) workload=recurring cache=1024 ;;
             memory-*) workload=unseen-4 cache=4 ;;
             *) say "unknown row $row"; exit 2 ;;
@@ -150,13 +166,14 @@ for round in $(seq "$ROUNDS"); do
         clients=${row##*-}
         # llama-server answers on n_parallel + 4 HTTP threads by default, each holding a keep-alive connection: past
         # that, clients wait to be accepted. memory-served-* gives it a thread for every client.
-        peer_options=()
+        peer_options=() ecokv_options=()
         [[ $row == memory-served-* ]] && peer_options=(--threads-http $((clients + 4)))
+        [[ $row == full-* ]] && ecokv_options=(--full)
         for server in "${order[@]}"; do
             if [[ $server == llama ]]; then
                 point "$server" "$workload" "$clients" "$cache" "$round" "$row" ${peer_options[@]+"${peer_options[@]}"}
             else
-                point "$server" "$workload" "$clients" "$cache" "$round" "$row"
+                point "$server" "$workload" "$clients" "$cache" "$round" "$row" ${ecokv_options[@]+"${ecokv_options[@]}"}
             fi
         done
     done
