@@ -17,6 +17,7 @@
 
 #include "ecokv/error.h"
 #include "ecokv/safetensors.h"
+#include "ecokv/llama-batch.h"
 #include "ecokv/llama-options.h"
 #include "ecokv/llama-session.h"
 
@@ -54,7 +55,7 @@ std::string engine_text(const model_shape & m, const char * key) {
 }
 
 struct options : model_shape, output_options {
-    int32_t                  n_tokens = 8192, n_decode = 64, repeats = 5;
+    int32_t                  n_tokens = 8192, n_decode = 64, repeats = 5, batch = 0;
     std::vector<int32_t>     budgets;
     std::vector<std::string> methods;
     ecokv::compression       base;  // the other compression options (the table's); head_scores: a synthetic file when
@@ -72,7 +73,9 @@ cxxopts::Options option_spec() {
         ("n-decode", "tokens decoded per measurement", i32("64"), "N")
         ("budgets", "comma-separated budgets (tokens kept per KV head)", cxxopts::value<std::string>()->default_value("64,256"), "LIST")
         ("methods", "comma-separated methods, e.g. snapkv+ecokv,pyramidkv+ecokv", cxxopts::value<std::string>()->default_value("snapkv+ecokv"), "LIST")
-        ("repeats", "decode runs per configuration (best and median)", i32("5"), "N");
+        ("repeats", "decode runs per configuration (best and median)", i32("5"), "N")
+        ("batch", "also decode N copies of each compressed sequence together in one context (ecokv::llama::batch, "
+                  "one llama_decode a step); 0: not", i32("0"), "N");
     // clang-format on
     // The other method options of the table (--seed is the bench's: weights and prompt); --head-scores defaults to
     // seeded random scores (fine for memory and speed).
@@ -94,6 +97,7 @@ std::optional<options> parse_options(int argc, char ** argv) {
     o.n_tokens   = bounded(args, "tokens", 1);
     o.n_decode   = bounded(args, "n-decode", 1);
     o.repeats    = bounded(args, "repeats", 1);
+    o.batch      = bounded(args, "batch", 0);
     for (const std::string & b : ecokv::tools::split_list(args["budgets"].as<std::string>())) {
         ecokv::compression c;
         ecokv::set_option(c, "budget", b);
@@ -233,6 +237,7 @@ struct config_result {
     std::vector<double> cpu_share, base_cpu_share;        // per run
     double              base_prefill_s = 0;
     uint64_t            decode_peak_kib = 0, base_peak_kib = 0;
+    std::vector<double> batch_steps;  // --batch: seconds of each step decoding every copy's next token
 };
 
 // The prompt, with the capture every method needs, into a sequence with room for n_decode more tokens.
@@ -386,6 +391,37 @@ void decode_comparisons(const el::session & s, std::vector<config_result> & resu
     }
 }
 
+// --batch N: N copies of each compressed sequence in one context (a ragged pool: N x kept rows a head, N x n_decode
+// cells), each step one llama_decode of every copy's next token; per step seconds, all repeats.
+void decode_batched(const el::session & s, std::vector<config_result> & results, const options & o) {
+    if (o.batch == 0) {
+        return;
+    }
+    progress("[6b/7] decode %d tokens of %d copies together, one llama_decode a step (%d repeats)\n", o.n_decode,
+             o.batch, o.repeats);
+    for (auto & c : results) {
+        const uint32_t widest = *std::max_element(c.snap.layout.begin(), c.snap.layout.end());
+        for (int32_t r = 0; r < o.repeats; ++r) {
+            el::batch b(s, { o.batch * (c.snap.n_cells + o.n_decode), o.batch * int32_t(widest), o.batch });
+            std::vector<std::pair<int32_t, std::vector<llama_token>>> work;
+            for (int32_t i = 0; i < o.batch; ++i) {
+                work.push_back({ b.admit(c.snap, o.n_decode), { 0 } });
+            }
+            for (int32_t t = 0; t < o.n_decode; ++t) {
+                for (auto & [seat, tokens] : work) {
+                    tokens[0] = el::argmax(b.logits(seat));
+                }
+                const auto t0 = clock_type::now();
+                b.step(work);
+                c.batch_steps.push_back(seconds_since(t0));
+            }
+        }
+        progress("  %-18s B=%-4d %d copies: step median %.4f s, %.2f tok/s (one copy alone: %.2f tok/s)\n",
+                 c.method.c_str(), c.budget, o.batch, median(c.batch_steps), o.batch / median(c.batch_steps),
+                 1 / median(c.decode_steps));
+    }
+}
+
 // ---- report ----------------------------------------------------------------------------------------------------
 
 // Decode speed is the best of the repeats (the machine's other load only ever adds time); the median run and the
@@ -441,6 +477,9 @@ json config_row(const config_result & c, const full_result & f, const options & 
         { "decode_step_median_s", median(c.decode_steps) },
         { "uncompressed_decode_step_median_s", median(c.base_decode_steps) },
         { "decode_speed_ratio_step_median", median(c.base_decode_steps) / median(c.decode_steps) },
+        { "batch_sequences", o.batch },
+        { "batch_step_median_s", c.batch_steps.empty() ? json() : json(median(c.batch_steps)) },
+        { "batch_tokens_per_s", c.batch_steps.empty() ? json() : json(o.batch / median(c.batch_steps)) },
     };
 }
 
@@ -611,6 +650,7 @@ int run(options o) {
     pm.begin("idle after freeing the prefill context");
     pm.end();
     decode_comparisons(session, results, o);
+    decode_batched(session, results, o);
     for (auto & c : results) {
         c.snap = {};
     }

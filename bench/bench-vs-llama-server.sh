@@ -26,7 +26,7 @@
 # (4 MiB); answers of MAX_TOKENS tokens (default 12, ignore_eos).
 # ROWS (default all): a comma list of one-page-1, one-page-8, unseen-1, unseen-8, unseen-16, recurring-8, memory-16,
 # memory-served-16 (the same, llama-server given an HTTP thread for every client: see below) and full-unseen-1 (ecokv
-# with --full: full caches against llama-server's).
+# with --full: full caches against llama-server's). ECOKV_ARGS: more options for every ecokv server (--no-batch).
 set -euo pipefail
 export LC_ALL=C
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -79,7 +79,7 @@ start() {
     port=$(free_port)
     if [[ $server == ecokv ]]; then
         "$ECOKV" serve --model "$MODEL" --mmproj "$MMPROJ" --port "$port" "${ECOKV_MEMORY[@]}" --queue 64 \
-            -b "$BUDGET" --cache-mib "$cache" --max-tokens "$MAX_TOKENS" "$@" 2>"$DIR/$server.log" &
+            -b "$BUDGET" --cache-mib "$cache" --max-tokens "$MAX_TOKENS" ${ECOKV_ARGS:-} "$@" 2>"$DIR/$server.log" &
     else
         LLAMA_MEDIA_MARKER='<__media__>' "$LLAMA_SERVER" -m "$MODEL" --mmproj "$MMPROJ" --host 127.0.0.1 \
             --port "$port" "${PEER_MEMORY[@]}" --jinja --chat-template-file "$ROOT/bench/peer/plain-chat.jinja" \

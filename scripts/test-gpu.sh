@@ -25,7 +25,7 @@ grep -q '^  [A-Za-z]*0: ' "$build_dir/devices.txt" || { echo "test-gpu.sh: no $b
 # At the CPU tests' tolerances with F32 shaders: lavapipe reports fp16, and ggml-vulkan's F16 MUL_MAT and
 # FLASH_ATTN_EXT shaders then round Q/K/V and attention to F16 (1.6e-4 to 4.2e-4 relative between two equal caches of
 # different lengths, docs/gpu.md); GGML_VK_DISABLE_F16 is ggml-vulkan's switch for that.
-exact='adapter\.|session\.'
+exact='adapter\.|session\.|batch\.'
 for ngl in 99 2; do  # every layer; the last layer and the output (layer 0 stays on the CPU)
     echo "== exact-logit tests, ECOKV_TEST_NGL=$ngl"
     GGML_VK_DISABLE_F16=1 ECOKV_TEST_NGL=$ngl ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)" -R "$exact"

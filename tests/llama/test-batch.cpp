@@ -150,6 +150,28 @@ TEST(batch, without_flash_attention_and_with_a_quantized_cache_too) {
     expect_batched_equals_alone(options(LLAMA_FLASH_ATTN_TYPE_ENABLED, GGML_TYPE_Q8_0), wide);
 }
 
+// A sequence prefilled chunk by chunk (compressed after every chunk, AdaKV's per-head budgets) decodes in a batch
+// beside a full one as each does alone.
+TEST(batch, a_chunked_prefill_decodes_in_a_batch_as_alone) {
+    const fixture      f;
+    ecokv::compression c;
+    c.spec   = ecokv::parse_method("adakv");
+    c.params = budget(12, 4);
+    c.chunk  = 16;
+    const auto         tokens = prompt_tokens(50, f.m.config().n_vocab, 12);
+    const el::snapshot chunked = f.s.prefill(f.s.make_prompt(tokens), c, 16).save();
+    const source       full    = make_source(f.s, f.m, 30, 13, nullptr);
+    const path         wc = alone(f.s, chunked, 5), wf = alone(f.s, full.snap, 5);
+    el::batch          b(f.s, { 256, 40, 2 });
+    const int32_t      ic = b.admit(chunked, 8), jf = b.admit(full.snap, 8);
+    for (int32_t step = 0; step < 5; ++step) {
+        EXPECT_LT(rel_diff(b.logits(ic), wc.logits[size_t(step)]), logit_rel_tolerance) << "step " << step;
+        EXPECT_LT(rel_diff(b.logits(jf), wf.logits[size_t(step)]), logit_rel_tolerance) << "step " << step;
+        b.step({ { ic, { wc.tokens[size_t(step)] } }, { jf, { wf.tokens[size_t(step)] } } });
+    }
+    EXPECT_LT(rel_diff(b.logits(ic), wc.logits[5]), logit_rel_tolerance);
+}
+
 // Sequences enter and leave between steps; a released one resumes in a usual context where it left off, and the one
 // admitted after it takes its kept rows.
 TEST(batch, sequences_come_and_go_between_steps) {
