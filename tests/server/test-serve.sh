@@ -171,6 +171,43 @@ answers=$(for i in $(seq 16); do python3 -c 'import json, sys; print(json.load(o
 [[ $answers == 1 ]] || { echo "not ok - 16 identical greedy requests gave $answers answers"; exit 1; }
 echo "ok - 16 identical concurrent requests: all 200, one answer"
 
+# The decode loop (issue 50): 12 requests at once, half of them about the sample image (compressed: kept rows), half
+# text (full caches: cells only), on a server holding 8 sequences in a small pool (-c 1024 rows a head, 256 of them for
+# kept entries): every one 200, with the greedy answer of a server decoding each request alone (--no-batch); its steps
+# decoded several sequences' tokens at once; /props shows the pool.
+start loop --slots 8 --queue 16 --max-tokens 24 -c 1024 --kv-kept-rows 256
+loop_url=$URL
+start alone --slots 2 --max-tokens 24 --no-batch
+alone_url=$URL
+/usr/bin/python3 - "$ROOT/models/tiny-vlm-sample.png" "$DIR" <<'PY'
+import base64, json, sys
+image = "data:image/png;base64," + base64.b64encode(open(sys.argv[1], "rb").read()).decode()
+for i in range(1, 13):
+    text = {"type": "text", "text": f"What is written on line {i}?" if i % 2 else f"Tell me story number {i}."}
+    content = [{"type": "image_url", "image_url": {"url": image}}, text] if i % 2 else [text]
+    json.dump({"temperature": 0.0, "ignore_eos": True, "messages": [{"role": "user", "content": content}]},
+              open(f"{sys.argv[2]}/loop-body.{i}", "w"))
+PY
+for i in $(seq 12); do
+    curl -s -o "$DIR/loop.$i" -w '%{http_code}\n' -H 'Content-Type: application/json' --data-binary "@$DIR/loop-body.$i" \
+        "$loop_url/v1/chat/completions" > "$DIR/loop.$i.status" &
+done
+wait $(jobs -p | grep -vxF -f <(printf '%s\n' "${PIDS[@]}")) 2>/dev/null || true
+[[ $(cat "$DIR"/loop.*.status | grep -c '^200$') == 12 ]] || { cat "$DIR"/loop.*.status "$DIR"/loop.1; echo "not ok - the decode loop's requests"; exit 1; }
+content() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$1"; }
+for i in $(seq 12); do
+    curl -s -o "$DIR/alone.$i" -H 'Content-Type: application/json' --data-binary "@$DIR/loop-body.$i" "$alone_url/v1/chat/completions"
+    [[ $(content "$DIR/loop.$i") == "$(content "$DIR/alone.$i")" ]] ||
+        { echo "not ok - request $i: '$(content "$DIR/loop.$i")' in the loop, '$(content "$DIR/alone.$i")' alone"; exit 1; }
+done
+metric() { curl -s "$loop_url/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+steps=$(metric ecokv_decode_steps_total) tokens=$(metric ecokv_decode_step_tokens_total)
+python3 -c 'import sys; s, t = float(sys.argv[1]), float(sys.argv[2]); assert 0 < s < t, (s, t)' "$steps" "$tokens" ||
+    { echo "not ok - no step decoded several sequences ($steps steps, $tokens tokens)"; exit 1; }
+curl -s "$loop_url/props" | python3 -c 'import json, sys; m = json.load(sys.stdin)["kv_memory"]; assert (m["cells"], m["kept_rows"], m["sequences"], m["cells_used"]) == (768, 256, 0, 0), m' ||
+    { echo "not ok - /props kv_memory"; exit 1; }
+echo "ok - the decode loop: 12 requests at once answer as each alone, $tokens tokens in $steps steps"
+
 # Fields a client sends are honoured or refused with a 400 naming them, never ignored.
 URL=http://127.0.0.1:$(cat "$DIR/main.port")
 hi='"messages": [{"role": "user", "content": "hi"}]'
