@@ -16,7 +16,7 @@ backend=vulkan
 build_dir=build-$backend
 export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0}
 
-ECOKV_BUILD_TARGETS="ecokv-cli test-adapter test-session test-families test-run test-tiny-vlm" \
+ECOKV_BUILD_TARGETS="ecokv-cli test-adapter test-session test-batch test-families test-run test-tiny-vlm" \
     bash scripts/setup.sh --no-demo --backend "$backend"
 ecokv=$build_dir/bin/ecokv
 "$ecokv" run --list-devices | tee "$build_dir/devices.txt"

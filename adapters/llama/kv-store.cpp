@@ -257,9 +257,11 @@ ragged_candidates::ragged_candidates(const llama_context * ctx, const std::vecto
             if (is_v) {
                 v_copied_.push_back(copied);
             }
-            size_t row0 = 0;  // head g owns rows [row0, row0 + n_keep + 1 + n_room)
+            size_t       row0  = 0;  // head g owns rows [row0, row0 + n_keep + 1 + n_room), row0 aligned
+            const size_t align = llama_kv_ragged_row_align(ctx, layers[il]);
             for (int32_t g = 0; g < n_kv_; ++g) {
                 const size_t keep = n_keep[size_t(il) * n_kv_ + g];
+                row0 = (row0 + align - 1) / align * align;
                 auto &       out  = (is_v ? v_ : k_).emplace_back(copied ? (keep + size_t(n_new)) * row : 0);
                 if (copied) {
                     ggml_backend_tensor_get(t, out.data(), row0 * row, keep * row);

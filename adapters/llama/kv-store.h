@@ -80,7 +80,8 @@ struct candidate_rows {
     std::vector<uint32_t> layout;  // empty: the usual layout
     int32_t               n_room = 0;
 
-    int64_t row(int32_t il, int32_t h, int32_t i) const;
+    // align: the stores' llama_kv_ragged_row_align for layer il
+    int64_t row(int32_t il, int32_t h, int32_t i, uint32_t align = 1) const;
 };
 
 // The candidates of a ragged cache into whose room n_new tokens were decoded (chunked prefill): for every (layer, KV

@@ -53,6 +53,8 @@ struct backend_deleter {
     void operator()(ggml_backend_buffer_t b) const { ggml_backend_buffer_free(b); }
 };
 
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
 struct fill_job {
     const capture_view &         src;
     const selection &            sel;
@@ -60,6 +62,7 @@ struct fill_job {
     const candidate_rows &       from;
     std::vector<ggml_tensor *>   old_k, old_v;  // per layer, the stores the kept rows come from
     std::vector<int32_t>         index;         // per model layer, its layer in the selection (-1: not compressed)
+    std::vector<uint32_t>        align, from_align;  // per layer, llama_kv_ragged_row_align of the new and old stores
     int32_t                      n_prompt = 0;  // cells of a transposed V store to read
     bool                         v_transposed = false;
     std::map<ggml_backend_dev_t, std::unique_ptr<ggml_backend, backend_deleter>> backends;
@@ -143,10 +146,11 @@ void gather_with_graph(fill_job & job, int32_t il, const ggml_tensor * old, ggml
     size_t row0 = 0;
     for (int32_t g = 0; g < n_kv; ++g) {
         const head_selection & h = layer[g];
+        row0 = round_up(row0, job.align[size_t(il)]);
         if (index[g] != nullptr) {
             std::vector<int32_t> at(h.kept.size());
             for (size_t j = 0; j < at.size(); ++j) {
-                at[j] = int32_t(job.from.row(il, g, h.kept[j]));
+                at[j] = int32_t(job.from.row(il, g, h.kept[j], job.from_align[size_t(il)]));
             }
             ggml_backend_tensor_set(index[g], at.data(), 0, at.size() * sizeof(int32_t));
             ggml_tensor * out = ggml_get_rows(ctx.get(), rows, index[g]);
@@ -169,6 +173,7 @@ void gather_on_host(const fill_job & job, int32_t il, ggml_tensor * store, bool 
     size_t row0 = 0;
     for (size_t g = 0; g < job.sel.layers[il].size(); ++g) {
         const head_selection & h    = job.sel.layers[il][g];
+        row0 = round_up(row0, job.align[size_t(il)]);
         const head_view        src  = job.src.head(il, int32_t(g));
         const auto             rows = is_v ? gather(src.values, src.slice, h.kept, h.values, store->type, store->ne[0])
                                            : gather(src.keys, src.slice, h.kept, h.keys, store->type, store->ne[0]);
@@ -210,13 +215,14 @@ bool gathers_on_backend(const ggml_tensor * store, int32_t n_kv_heads) {
            ggml_row_size(store->type, store->ne[0] / n_kv_heads) % sizeof(int32_t) == 0;
 }
 
-int64_t candidate_rows::row(int32_t il, int32_t h, int32_t i) const {
+int64_t candidate_rows::row(int32_t il, int32_t h, int32_t i, uint32_t align) const {
     if (layout.empty()) {
         return int64_t(i) * n_kv_heads + h;
     }
     int64_t row0 = 0;
     for (int32_t g = 0; g < h; ++g) {
         row0 += int64_t(layout[size_t(il) * n_kv_heads + g]) + 1 + n_room;
+        row0 = (row0 + align - 1) / align * align;
     }
     return row0 + i + (uint32_t(i) < layout[size_t(il) * n_kv_heads + h] ? 0 : 1);  // past the label row
 }
@@ -243,12 +249,14 @@ void make_ragged(llama_context * ctx, const capture_view & src, const selection 
     }
     const int32_t         n_kv = src.n_kv_heads;
     std::vector<uint32_t> n_keep(size_t(llama_model_n_layer(llama_get_model(ctx))) * n_kv, 0);  // by model layer
-    fill_job              job{ src, sel, uint32_t(1 + n_room), from, {}, {}, {}, src.n_tokens, false, {}, {} };
+    fill_job              job{ src, sel, uint32_t(1 + n_room), from, {}, {}, {}, {}, {}, src.n_tokens, false, {}, {} };
     job.index.assign(n_keep.size() / n_kv, -1);
     for (int32_t i = 0; i < src.n_layers; ++i) {
         job.index[size_t(layers[i])] = i;
         job.old_k.push_back(layer_store(from.ctx, layers[i], false));
         job.old_v.push_back(layer_store(from.ctx, layers[i], true));
+        job.align.push_back(llama_kv_ragged_row_align(ctx, layers[i]));
+        job.from_align.push_back(llama_kv_ragged_row_align(from.ctx, layers[i]));
         for (int32_t g = 0; g < n_kv; ++g) {
             n_keep[size_t(layers[i]) * n_kv + g] = uint32_t(sel.layers[i][g].kept.size());
         }

@@ -119,7 +119,11 @@ void expect_batched_equals_alone(const el::session_options & o, const tiny_confi
         const keep_fn     keep   = src[i].kept.empty() ? keep_fn{}
                                                        : kept_mask(src[i].kept, c.n_head_kv, int32_t(src[i].tokens.size()));
         const auto        ref    = reference_logits(f.m, all, positions, keep, stored);
-        EXPECT_LT(rel_diff(b.logits(seat[i]), ref), logit_rel_tolerance) << "sequence " << i;
+        // The reference rounds a quantized cache and its queries as the CPU does; a device dequantizes and converts
+        // the queries its own way (3.5-4.8e-3 on lavapipe, for the full cache as for the compressed ones).
+        const bool   device    = tiny_config::test_gpu_layers() != 0 && el::gpu_offload_supported();
+        const double tolerance = device && ggml_is_quantized(o.type_k) ? 1e-2 : logit_rel_tolerance;
+        EXPECT_LT(rel_diff(b.logits(seat[i]), ref), tolerance) << "sequence " << i;
     }
 }
 

@@ -398,10 +398,14 @@ void chat_server::chat(const httplib::Request & req, httplib::Response & res, re
         auto t       = scheduler_.begin(*place, *r, c);
         if (loop_ && decodes_in_loop(c, s_) && loop_->could_fit(t->kept->snap, r->max_tokens)) {
             // its own context freed, the answer decodes with the others' (one that never fits the loop's memory
-            // decodes alone, as with --no-batch)'
-            t->logits = t->kept->snap.logits;
-            t->seq.reset();
-            t->seat.emplace(*loop_, loop_->enter(t->kept->snap, r->max_tokens));
+            // decodes alone, as with --no-batch; so does a state the pool refuses: a full cache whose V a device
+            // without flash attention transposed)
+            try {
+                t->seat.emplace(*loop_, loop_->enter(t->kept->snap, r->max_tokens));
+                t->logits = t->kept->snap.logits;
+                t->seq.reset();
+            } catch (const ecokv::error &) {
+            }
         }
         res.set_chunked_content_provider(r->stream ? "text/event-stream" : "application/json",
                                          [this, t, r, h, place](size_t, httplib::DataSink & sink) {
