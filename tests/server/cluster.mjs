@@ -70,9 +70,9 @@ class Conversation {
       : { role: 'user', content: question });
   }
   // The next turn on the cluster, checked against `reference` (one server's answer to the same request).
-  async turn(question, reference = refUrl) {
+  async turn(question, reference = refUrl, target = clusterUrl) {
     this.say(question);
-    const got = await ask(clusterUrl, this.messages);
+    const got = await ask(target, this.messages);
     const want = await ask(reference, this.messages);
     const n = this.turns.length + 1;
     assert.equal(got.text, want.text, `${this.name}, turn ${n} on ${got.replica}: '${got.text}', one server '${want.text}'`);
@@ -185,13 +185,14 @@ assert.equal(await metric('store_up'), replicaNames().length, 'not every replica
 assert.ok(await metric('store_reconnects_total') >= reconnects + replicaNames().length, 'reconnections not counted');
 const hits = await metric('store_hits_total');
 const back = new Conversation(16);
-let moved = 0;  // turns on another replica than the turn before (HAProxy's rotation is uneven right after a server
-for (let t = 0; t < 5; ++t) {  // comes back up): each must resume from the store
-  const got = await back.turn(questions[t]);
-  if (t > 0 && got.replica !== back.turns[t - 1].replica) {
-    ++moved;
-    assert.ok(got.cached > 0, `turn ${t + 1} after Redis came back: nothing cached on ${got.replica}`);
-  }
+// Each turn on the next replica, asked directly: HAProxy's rotation is uneven right after a server comes back up (a
+// turn can land where the one before did), and this phase is about the store, not the balancer (phase A checks that).
+const names = replicaNames();
+for (let t = 0; t < 5; ++t) {
+  await written();  // the turn before is in the store
+  const name = names[t % names.length];
+  const got = await back.turn(questions[t], refUrl, `http://127.0.0.1:${fs.readFileSync(`${clusterDir}/${name}.port`, 'utf8').trim()}`);
+  assert.ok(t === 0 || got.cached > 0, `turn ${t + 1} on ${name} after Redis came back: nothing cached`);
 }
-assert.ok(moved >= 1 && await metric('store_hits_total') - hits >= moved, `${moved} moved turns, store hits not counted`);
-log(`D: Redis back: every replica connected again (counted); ${moved} of 4 turns moved and resumed from the store`);
+assert.ok(await metric('store_hits_total') - hits >= 4, 'store hits not counted');
+log('D: Redis back: every replica connected again (counted); 4 turns, each on another replica, resumed from the store');
