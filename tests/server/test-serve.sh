@@ -195,7 +195,11 @@ done
 wait $(jobs -p | grep -vxF -f <(printf '%s\n' "${PIDS[@]}")) 2>/dev/null || true
 [[ $(cat "$DIR"/loop.*.status | grep -c '^200$') == 12 ]] || { cat "$DIR"/loop.*.status "$DIR"/loop.1; echo "not ok - the decode loop's requests"; exit 1; }
 content() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$1"; }
-for i in $(seq 12); do
+# On a device (SERVE_ARGS="-ngl 99", scripts/test-gpu.sh) a step of several tokens runs other kernels than one token
+# alone (matrix-matrix against matrix-vector shaders), so a greedy tie can fall the other way: there the logits' match
+# is tests/llama/test-batch.cpp's (offloaded, within tolerance), and the answers are compared on the CPU only.
+[[ -n ${SERVE_ARGS:-} ]] && device_loop=1 || device_loop=0
+for i in $(seq $(( device_loop ? 0 : 12 ))); do
     curl -s -o "$DIR/alone.$i" -H 'Content-Type: application/json' --data-binary "@$DIR/loop-body.$i" "$alone_url/v1/chat/completions"
     [[ $(content "$DIR/loop.$i") == "$(content "$DIR/alone.$i")" ]] ||
         { echo "not ok - request $i: '$(content "$DIR/loop.$i")' in the loop, '$(content "$DIR/alone.$i")' alone"; exit 1; }
@@ -206,7 +210,7 @@ python3 -c 'import sys; s, t = float(sys.argv[1]), float(sys.argv[2]); assert 0 
     { echo "not ok - no step decoded several sequences ($steps steps, $tokens tokens)"; exit 1; }
 curl -s "$loop_url/props" | python3 -c 'import json, sys; m = json.load(sys.stdin)["kv_memory"]; assert (m["cells"], m["kept_rows"], m["sequences"], m["cells_used"]) == (768, 256, 0, 0), m' ||
     { echo "not ok - /props kv_memory"; exit 1; }
-echo "ok - the decode loop: 12 requests at once answer as each alone, $tokens tokens in $steps steps"
+echo "ok - the decode loop: 12 requests at once$( ((device_loop)) && echo ' (answers not compared on a device)' || echo ' answer as each alone'), $tokens tokens in $steps steps"
 
 # Fields a client sends are honoured or refused with a 400 naming them, never ignored.
 URL=http://127.0.0.1:$(cat "$DIR/main.port")
