@@ -159,15 +159,23 @@ echo "ok - a quantized V without flash attention is refused at start"
 # 16 identical requests at once, 8 answering together: every one is answered (200) with the same greedy answer. The
 # first to prefill keeps the prompt's conversation; the others find it while it answers, and must not resume with
 # nothing left to decode.
+content() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$1"; }
+# all_at_once NAME N URL BODY_OF: N chat requests at once (request i's body from `BODY_OF i`, curl's --data-binary), each
+# answer in $DIR/NAME.i; every one must be 200.
+all_at_once() {
+    local name=$1 n=$2 url=$3 body_of=$4 i
+    for i in $(seq "$n"); do
+        curl -s -o "$DIR/$name.$i" -w '%{http_code}\n' -H 'Content-Type: application/json' --data-binary "$($body_of "$i")" \
+            "$url/v1/chat/completions" > "$DIR/$name.$i.status" &
+    done
+    wait $(jobs -p | grep -vxF -f <(printf '%s\n' "${PIDS[@]}")) 2>/dev/null || true
+    [[ $(cat "$DIR/$name".*.status | grep -c '^200$') == "$n" ]] ||
+        { cat "$DIR/$name".*.status "$DIR/$name.1"; echo "not ok - $name: not every request answered 200"; exit 1; }
+}
 start race --slots 8 --queue 16 --max-tokens 48
-same='{"temperature":0.0,"messages":[{"role":"user","content":"Tell me a story about a red fox."}]}'
-for i in $(seq 16); do
-    curl -s -o "$DIR/race.$i" -w '%{http_code}\n' -H 'Content-Type: application/json' --data-binary "$same" \
-        "$URL/v1/chat/completions" > "$DIR/race.$i.status" &
-done
-wait $(jobs -p | grep -vxF -f <(printf '%s\n' "${PIDS[@]}")) 2>/dev/null || true
-[[ $(cat "$DIR"/race.*.status | grep -c '^200$') == 16 ]] || { cat "$DIR"/race.*.status "$DIR"/race.1; echo "not ok - identical requests"; exit 1; }
-answers=$(for i in $(seq 16); do python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$DIR/race.$i"; done | sort -u | wc -l)
+same() { echo '{"temperature":0.0,"messages":[{"role":"user","content":"Tell me a story about a red fox."}]}'; }
+all_at_once race 16 "$URL" same
+answers=$(for i in $(seq 16); do content "$DIR/race.$i"; done | sort -u | wc -l)
 [[ $answers == 1 ]] || { echo "not ok - 16 identical greedy requests gave $answers answers"; exit 1; }
 echo "ok - 16 identical concurrent requests: all 200, one answer"
 
@@ -188,13 +196,8 @@ for i in range(1, 13):
     json.dump({"temperature": 0.0, "ignore_eos": True, "messages": [{"role": "user", "content": content}]},
               open(f"{sys.argv[2]}/loop-body.{i}", "w"))
 PY
-for i in $(seq 12); do
-    curl -s -o "$DIR/loop.$i" -w '%{http_code}\n' -H 'Content-Type: application/json' --data-binary "@$DIR/loop-body.$i" \
-        "$loop_url/v1/chat/completions" > "$DIR/loop.$i.status" &
-done
-wait $(jobs -p | grep -vxF -f <(printf '%s\n' "${PIDS[@]}")) 2>/dev/null || true
-[[ $(cat "$DIR"/loop.*.status | grep -c '^200$') == 12 ]] || { cat "$DIR"/loop.*.status "$DIR"/loop.1; echo "not ok - the decode loop's requests"; exit 1; }
-content() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"])' "$1"; }
+loop_body() { echo "@$DIR/loop-body.$1"; }
+all_at_once loop 12 "$loop_url" loop_body
 # On a device (SERVE_ARGS="-ngl 99", scripts/test-gpu.sh) a step of several tokens runs other kernels than one token
 # alone (matrix-matrix against matrix-vector shaders), so a greedy tie can fall the other way: there the logits' match
 # is tests/llama/test-batch.cpp's (offloaded, within tolerance), and the answers are compared on the CPU only.
