@@ -26,7 +26,7 @@ MMPROJ=${MMPROJ:-$ROOT/models/tiny-qwen2vl-mmproj.gguf}
 ECOKV=${ECOKV:-$ROOT/build/bin/ecokv}
 OUT=${OUT:-$ROOT/bench/results/cluster.json}
 DIR=$(mktemp -d)
-trap 'bash "$ROOT/deploy/cluster.sh" stop --dir "$DIR/cluster" >/dev/null 2>&1; kill $(jobs -p) 2>/dev/null; rm -rf "$DIR"' EXIT
+trap 'bash "$ROOT/deploy/cluster.sh" stop --dir "$DIR/cluster" >/dev/null 2>&1; kill $(jobs -p) 2>/dev/null || true; rm -rf "$DIR"' EXIT
 say() { echo "bench-cluster: $*" >&2; }
 PORT=${PORT:-18180}
 SERVE=(--model "$MODEL" --mmproj "$MMPROJ" --slots 2 -c 1024 -b "$BUDGET" --cache-mib 1024)

@@ -13,7 +13,7 @@ ECOKV=${1:-$ROOT/build/bin/ecokv}
 SECONDS_PER=${2:-10}
 export CLIENTS=${CLIENTS:-1,2,8}  # concurrent clients, a point each
 DIR=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$DIR"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$DIR"' EXIT
 cores=$(nproc)
 static=$(( cores / 2 > 0 ? cores / 2 : 1 ))
 # 600 pages, each the image with its number written in the corner: distinct bytes, so no request hits another's entry.

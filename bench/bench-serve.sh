@@ -10,6 +10,6 @@ ECOKV=${1:-$ROOT/build/bin/ecokv}
 DIR=$(mktemp -d)
 "$ECOKV" serve --port 0 --port-file "$DIR/port" --slots 2 --queue 64 --cache-mib 1024 ${SERVE_ARGS:-} 2> "$DIR/log" &
 PID=$!
-trap 'kill $PID 2>/dev/null; rm -rf "$DIR"' EXIT
+trap 'kill $PID 2>/dev/null || true; rm -rf "$DIR"' EXIT
 for _ in $(seq 300); do [[ -s "$DIR/port" ]] && break; sleep 0.1; done
 node "$ROOT/bench/bench-serve.mjs" "http://127.0.0.1:$(cat "$DIR/port")" "${IMAGE:-$ROOT/models/tiny-vlm-sample.png}" "${2:-10}"

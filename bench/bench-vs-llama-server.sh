@@ -49,7 +49,7 @@ PEER=$ROOT/build-peer
 LLAMA_SERVER=$PEER/build/bin/llama-server
 ROWS=${ROWS:-one-page-1,one-page-8,unseen-1,unseen-8,unseen-16,recurring-8,memory-16,memory-served-16,full-unseen-1}
 DIR=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$DIR"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$DIR"' EXIT
 say() { echo "bench-vs-llama-server: $*" >&2; }
 
 build_peer() {

@@ -16,7 +16,7 @@ DIR=$(mktemp -d)
 "$ECOKV" serve --model "$ROOT/models/$MODEL.gguf" --mmproj "$ROOT/models/$MODEL-mmproj.gguf" --port 0 \
     --port-file "$DIR/port" --max-tokens 16 --cache-mib 1024 2> "$DIR/log" &
 PID=$!
-trap 'kill $PID 2>/dev/null; rm -rf "$DIR"' EXIT
+trap 'kill $PID 2>/dev/null || true; rm -rf "$DIR"' EXIT
 for _ in $(seq 300); do [[ -s "$DIR/port" ]] && break; sleep 0.1; done
 URL=http://127.0.0.1:$(cat "$DIR/port")
 OUT=$ROOT/bench/results/conversations-$MODEL.jsonl
