@@ -92,7 +92,7 @@ prompt session::make_prompt(std::vector<llama_token> tokens) const {
 }
 
 prompt session::make_prompt(const std::string & text, const std::vector<std::string> & images) const {
-    if (!images.empty() && !impl_->projector) {
+    if (!images.empty() && impl_->projectors.empty()) {
         throw error("images need a projector (--mmproj)");
     }
     std::vector<std::vector<uint8_t>> bytes;
@@ -114,7 +114,7 @@ prompt session::make_prompt_from_memory(const std::string & text, const std::vec
     if (images.empty()) {
         return make_prompt(tokenize(text, true));
     }
-    if (!impl_->projector) {
+    if (impl_->projectors.empty()) {
         throw error("images need a projector (--mmproj)");
     }
     const std::string marker    = mtmd_default_marker();
@@ -126,7 +126,7 @@ prompt session::make_prompt_from_memory(const std::string & text, const std::vec
         throw error("the prompt holds " + std::to_string(n_markers) + " media markers (" + marker + ") for " +
                     std::to_string(images.size()) + (images.size() == 1 ? " image" : " images"));
     }
-    const std::lock_guard<std::mutex>                         lock(impl_->mtmd_mutex);
+    const projector_pool::lease                               projector = impl_->projectors.take();
     std::vector<std::unique_ptr<mtmd_bitmap, mtmd_deleter>>   bitmaps;
     std::vector<const mtmd_bitmap *>                          ptrs;
     std::vector<uint64_t>                                     hashes;
@@ -134,7 +134,7 @@ prompt session::make_prompt_from_memory(const std::string & text, const std::vec
         if (images[i].empty()) {
             throw image_error(i, "empty image");
         }
-        bitmaps.emplace_back(mtmd_helper_bitmap_init_from_buf(impl_->projector.get(), images[i].data(),
+        bitmaps.emplace_back(mtmd_helper_bitmap_init_from_buf(projector.get(), images[i].data(),
                                                               images[i].size(), false,
                                                               mtmd_helper_init_opt_default()).bitmap);
         if (!bitmaps.back()) {
@@ -147,7 +147,7 @@ prompt session::make_prompt_from_memory(const std::string & text, const std::vec
     auto p = std::make_unique<prompt::impl>();
     p->chunks.reset(mtmd_input_chunks_init());
     const mtmd_input_text input{ text.c_str(), text.size(), true, true };
-    if (const int32_t rc = mtmd_tokenize(impl_->projector.get(), p->chunks.get(), &input, ptrs.data(), ptrs.size());
+    if (const int32_t rc = mtmd_tokenize(projector.get(), p->chunks.get(), &input, ptrs.data(), ptrs.size());
         rc != 0) {
         throw error(rc == 1 ? "the prompt's media markers do not match the number of images"
                             : impl_->opts.mmproj_path + ": an image could not be preprocessed for this projector");

@@ -130,15 +130,16 @@ void sequence::impl::decode(const std::vector<llama_token> & tokens) {
     note_decoded(tokens.size());
 }
 
-// The projector's embeddings of an image (or audio) chunk. The projector encodes one at a time (its context is not
-// thread-safe); the embeddings are copied out, so that their decode into this sequence's own context runs beside
-// another request's encode.
+// The projector's embeddings of an image (or audio) chunk, on this context's threads. A projector context encodes one
+// at a time (it is not thread-safe); the embeddings are copied out, so that their decode into this sequence's own
+// context runs beside another request's encode.
 std::vector<float> sequence::impl::encode_media(const mtmd_input_chunk * c) const {
-    const std::lock_guard<std::mutex> lock(s->mtmd_mutex);
-    if (mtmd_encode_chunk(s->projector.get(), c) != 0) {
+    const projector_pool::lease projector = s->projectors.take();
+    mtmd_set_n_threads(projector.get(), int(cparams.n_threads));
+    if (mtmd_encode_chunk(projector.get(), c) != 0) {
         throw error("encoding an image of the prompt failed");
     }
-    const float * out = mtmd_get_output_embd(s->projector.get());
+    const float * out = mtmd_get_output_embd(projector.get());
     return { out, out + mtmd_input_chunk_get_n_tokens(c) * size_t(llama_model_n_embd_inp(s->model)) };
 }
 
@@ -170,12 +171,12 @@ void sequence::impl::eval(const prompt::impl & in, size_t from, size_t to, bool 
             if (unit++ < from) {
                 continue;
             }
-            if (!s->projector) {
+            if (s->projectors.empty()) {
                 throw error("an image prompt needs a session with a projector");
             }
             const std::vector<float> embd = encode_media(c);
             llama_pos                next = n_past;
-            if (mtmd_helper_decode_image_chunk(s->projector.get(), ctx.get(), c, const_cast<float *>(embd.data()),
+            if (mtmd_helper_decode_image_chunk(s->projectors.first(), ctx.get(), c, const_cast<float *>(embd.data()),
                                                n_past, 0, int32_t(llama_n_batch(ctx.get())), &next, nullptr,
                                                nullptr) != 0) {
                 throw error("evaluating an image of the prompt failed (context full?)");

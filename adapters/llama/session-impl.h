@@ -11,6 +11,7 @@
 #include <mtmd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,35 @@ struct mtmd_deleter {
     void operator()(mtmd_context * c) const { mtmd_free(c); }
     void operator()(mtmd_input_chunks * c) const { mtmd_input_chunks_free(c); }
     void operator()(mtmd_bitmap * b) const { mtmd_bitmap_free(b); }
+};
+
+// The projector's contexts (session_options::n_projectors copies): libmtmd's context is not thread-safe, so an encode
+// or a tokenization holds one, and as many images encode at once as there are copies.
+class projector_pool {
+  public:
+    using context = std::unique_ptr<mtmd_context, mtmd_deleter>;
+    void           add(context c);
+    bool           empty() const { return all_.empty(); }
+    mtmd_context * first() const { return all_.front().get(); }  // for what every copy answers alike
+
+    class lease {  // one context, held until the lease ends
+      public:
+        lease(const projector_pool & p, size_t i) : pool_(&p), i_(i) {}
+        lease(const lease &) = delete;
+        lease & operator=(const lease &) = delete;
+        ~lease();
+        mtmd_context * get() const { return pool_->all_[i_].get(); }
+      private:
+        const projector_pool * pool_;
+        size_t                 i_;
+    };
+    lease take() const;  // a free context, waiting for one when all are held
+
+  private:
+    std::vector<context>            all_;
+    mutable std::vector<bool>       held_;
+    mutable std::mutex              mutex_;
+    mutable std::condition_variable freed_;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0);
@@ -50,8 +80,7 @@ struct session::impl {
     session_options                             opts;
     model_ptr                                   owned;          // null for a borrowed model
     llama_model *                               model = nullptr;
-    std::unique_ptr<mtmd_context, mtmd_deleter> projector;
-    mutable std::mutex                          mtmd_mutex;  // libmtmd's clip context is not thread-safe
+    projector_pool                              projectors;  // empty without a projector
     mutable std::once_flag                      fingerprint_once;  // session::fingerprint(), read once
     mutable uint64_t                            fingerprint = 0;
 };

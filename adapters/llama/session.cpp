@@ -106,13 +106,36 @@ std::unique_ptr<mtmd_context, mtmd_deleter> load_projector(const session_options
 
 }  // namespace
 
+void projector_pool::add(context c) {
+    all_.push_back(std::move(c));
+    held_.push_back(false);
+}
+
+projector_pool::lease projector_pool::take() const {
+    std::unique_lock<std::mutex> lock(mutex_);
+    std::vector<bool>::iterator  free;
+    freed_.wait(lock, [&] { return (free = std::find(held_.begin(), held_.end(), false)) != held_.end(); });
+    *free = true;
+    return lease(*this, size_t(free - held_.begin()));
+}
+
+projector_pool::lease::~lease() {
+    {
+        const std::lock_guard<std::mutex> lock(pool_->mutex_);
+        pool_->held_[i_] = false;
+    }
+    pool_->freed_.notify_one();
+}
+
 session::session(const session_options & options) : impl_(std::make_unique<impl>()) {
     impl_->opts  = options;
     impl_->owned = load_model(options);
     impl_->model = impl_->owned.get();
     check_cache_types(impl_->model, options);
     if (!options.mmproj_path.empty()) {
-        impl_->projector = load_projector(options, impl_->model);
+        for (int32_t i = 0; i < std::max(1, options.n_projectors); ++i) {
+            impl_->projectors.add(load_projector(options, impl_->model));
+        }
     }
 }
 
@@ -135,7 +158,7 @@ session::session(llama_model & model, const session_options & options) : impl_(s
 session::~session() = default;
 
 const llama_model *     session::model() const { return impl_->model; }
-bool                    session::has_projector() const { return impl_->projector != nullptr; }
+bool                    session::has_projector() const { return !impl_->projectors.empty(); }
 int32_t                 session::n_ctx_train() const { return llama_model_n_ctx_train(impl_->model); }
 int32_t                 session::n_ctx() const { return impl_->opts.n_ctx > 0 ? impl_->opts.n_ctx : n_ctx_train(); }
 

@@ -10,15 +10,25 @@ namespace el = ecokv::llama;
 
 namespace {
 
-// How long a step waits, after the first token was handed over, for the other live seats' tokens: a request thread
-// picks, detokenizes and streams a token in well under that, so a step holds every seat's without idling the cores.
+// How long a step waits, after the first token was handed over, for those of the seats in the last step: a request
+// thread picks, detokenizes and streams a token in well under that, so a step holds every seat's without idling the cores.
 constexpr auto k_gather = std::chrono::microseconds(1500);
+
+thread_local int32_t t_lane_threads = 0;
 
 }  // namespace
 
-decode_loop::decode_loop(const el::session & s, const el::batch_options & o, int32_t queue) :
-    batch_(s, o), queue_(queue), kept_rows_(o.n_kept_rows), seats_(size_t(o.n_seq_max)) {
-    thread_ = std::thread([this] { run(); });
+decode_loop::decode_loop(const el::session & s, const el::batch_options & o, int32_t queue, int32_t lanes,
+                         int32_t cores) :
+    batch_(s, o),
+    queue_(queue),
+    kept_rows_(o.n_kept_rows),
+    n_lanes_(std::max(1, lanes)),
+    cores_(std::max(1, cores)),
+    seats_(size_t(o.n_seq_max)) {
+    for (int32_t i = 0; i < n_lanes_; ++i) {
+        lanes_.emplace_back([this, i] { run(i); });
+    }
 }
 
 decode_loop::~decode_loop() {
@@ -27,8 +37,12 @@ decode_loop::~decode_loop() {
         stop_ = true;
     }
     asked_.notify_all();
-    thread_.join();
+    for (std::thread & t : lanes_) {
+        t.join();
+    }
 }
+
+int32_t decode_loop::lane_threads() { return t_lane_threads; }
 
 bool decode_loop::could_fit(const el::snapshot & snap, int32_t n_new) const {
     const int32_t widest = snap.layout.empty() ? 0 : int32_t(*std::max_element(snap.layout.begin(), snap.layout.end()));
@@ -54,6 +68,7 @@ int32_t decode_loop::enter(const el::snapshot & snap, int32_t n_new) {
     }
     const int32_t seat = batch_.admit(snap, n_new);
     seats_[size_t(seat)] = pending{};
+    seats_[size_t(seat)].live = true;
     return seat;
 }
 
@@ -74,6 +89,7 @@ std::vector<float> decode_loop::next(int32_t seat, llama_token tok) {
 el::snapshot decode_loop::leave(int32_t seat) {
     std::unique_lock<std::mutex> lock(mutex_);
     el::snapshot s = batch_.release(seat);
+    seats_[size_t(seat)].live = false;
     lock.unlock();
     freed_.notify_all();
     return s;
@@ -82,6 +98,7 @@ el::snapshot decode_loop::leave(int32_t seat) {
 void decode_loop::drop(int32_t seat) {
     std::unique_lock<std::mutex> lock(mutex_);
     batch_.drop(seat);
+    seats_[size_t(seat)].live = false;
     lock.unlock();
     freed_.notify_all();
 }
@@ -103,37 +120,76 @@ decode_loop::load decode_loop::load_now() const {
              steps_, tokens_ };
 }
 
-// Waits for a token or a task. A step: up to k_gather for every live seat's token (not when a task waits), then every
-// token handed over by then decoded in one llama_decode, with the mutex held (the seats in it are waiting for it, and
-// entering or leaving changes the batch). A task runs with the mutex released. Each round does at most one of each.
-void decode_loop::run() {
+// Each lane waits for work it may start: lane 0 a step when a token was handed over (up to k_gather for those of the
+// seats in the last step), else a task when no seat is live or every other lane is busy (a task there holds the steps back, as a
+// prompt in llama-server's batch does); the other lanes a task beside other work (a lone one is lane 0's, so that
+// one thread's OpenMP team runs every piece that has all the cores). Nothing starts while a piece runs on every core. A
+// step runs with the mutex held (the seats in it are waiting for it, and entering or leaving changes the batch), a
+// task with it released.
+void decode_loop::run(int32_t lane) {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto n_asked = [&] {
         return int32_t(std::count_if(seats_.begin(), seats_.end(), [](const pending & p) { return p.asked; }));
     };
+    // the seats of the last step that are still live have all handed their next token over (a seat that just
+    // entered, or is about to leave, is not waited for)
+    const auto all_recent_asked = [&] {
+        return std::none_of(seats_.begin(), seats_.end(), [](const pending & p) { return p.live && p.recent && !p.asked; });
+    };
+    const auto may_step = [&] { return lane == 0 && !exclusive_ && n_asked() > 0; };
+    const auto may_task = [&] {
+        if (exclusive_ || tasks_.empty()) {
+            return false;
+        }
+        if (lane > 0) {  // only beside other work: a piece alone runs on lane 0, whose OpenMP team stays warm
+            return busy_lanes_ > 0 || tasks_.size() > 1 || batch_.n_live() > 0;
+        }
+        return n_asked() == 0 && (batch_.n_live() == 0 || busy_lanes_ >= n_lanes_ - 1);
+    };
     while (true) {
-        asked_.wait(lock, [&] { return stop_ || n_asked() > 0 || !tasks_.empty(); });
+        asked_.wait(lock, [&] { return stop_ || may_step() || may_task(); });
         if (stop_) {
             return;
         }
-        if (n_asked() > 0) {
-            asked_.wait_for(lock, k_gather, [&] { return stop_ || !tasks_.empty() || n_asked() >= batch_.n_live(); });
+        if (may_step()) {
+            asked_.wait_for(lock, k_gather, [&] {
+                return stop_ || all_recent_asked() ||
+                       (!tasks_.empty() && busy_lanes_ >= n_lanes_ - 1);
+            });
+            begin_piece(!tasks_.empty());
             step();
+            end_piece();
+            continue;
         }
-        if (!tasks_.empty()) {
-            task * t = tasks_.front();
-            tasks_.pop_front();
-            lock.unlock();
-            try {
-                (*t->f)();
-            } catch (...) {
-                t->error = std::current_exception();
-            }
-            lock.lock();
-            t->done = true;
-            stepped_.notify_all();
+        task * t = tasks_.front();
+        tasks_.pop_front();
+        begin_piece(!tasks_.empty() || batch_.n_live() > 0);
+        lock.unlock();
+        try {
+            (*t->f)();
+        } catch (...) {
+            t->error = std::current_exception();
         }
+        lock.lock();
+        end_piece();
+        t->done = true;
+        stepped_.notify_all();
     }
+}
+
+// A piece alone, with nothing else waiting, computes on every core, and nothing else starts until it ends; beside
+// others, on this lane's share.
+void decode_loop::begin_piece(bool others_wait) {
+    exclusive_     = busy_lanes_ == 0 && !others_wait;
+    t_lane_threads = exclusive_ ? cores_ : std::max(1, cores_ / n_lanes_);
+    ++busy_lanes_;
+}
+
+void decode_loop::end_piece() {
+    --busy_lanes_;
+    exclusive_     = false;
+    t_lane_threads = 0;
+    asked_.notify_all();
 }
 
 void decode_loop::step() {
@@ -151,8 +207,12 @@ void decode_loop::step() {
     }
     ++steps_;
     tokens_ += work.size();
+    for (pending & p : seats_) {
+        p.recent = false;
+    }
     for (const auto & [i, tokens] : work) {
         pending & p = seats_[size_t(i)];
+        p.recent    = true;
         p.asked     = false;
         p.done      = true;
         p.error     = failed;

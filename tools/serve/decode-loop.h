@@ -3,8 +3,10 @@
 // compressed prompts) all live sequences share. A request thread enters its prompt's cache as a snapshot (admitted
 // while it fits, else it waits, among at most `queue` others), then hands over each token it picked; the loop thread
 // decodes the next token of every seat that handed one over in one llama_decode, and each thread gets its logits back.
-// The loop's thread also runs the rest of the engine's work (prefills, ...: on_engine), one piece between two steps,
-// so that one thread computes at a time, on every core.
+// The rest of the engine's work (prefills, ...: on_engine) runs on the loop's lanes: the loop's thread, which also
+// steps, and lanes - 1 more. A piece of work alone computes on every core; pieces running beside others on
+// cores / lanes threads each, never two teams of several threads on the same cores (ggml's OpenMP teams spin
+// against each other). On 2 cores two one-thread prefills (or a prefill beside the steps) do more than one on both.
 #pragma once
 
 #include "chat-request.h"
@@ -26,7 +28,8 @@ namespace ecokv::serve {
 
 class decode_loop {
   public:
-    decode_loop(const llama::session & s, const llama::batch_options & o, int32_t queue);
+    // lanes: pieces of engine work at once (1: one at a time, on every core); cores: the threads of a piece alone.
+    decode_loop(const llama::session & s, const llama::batch_options & o, int32_t queue, int32_t lanes, int32_t cores);
     ~decode_loop();
     decode_loop(const decode_loop &) = delete;
     decode_loop & operator=(const decode_loop &) = delete;
@@ -51,18 +54,25 @@ class decode_loop {
     };
     load load_now() const;
 
+    // The threads of the engine work running on this thread now: its lane's share, or 0 outside a lane (the
+    // session's threads_now asks it).
+    static int32_t lane_threads();
+
   private:
     struct pending {
         llama_token        token = 0;
         bool               asked = false, done = false;
+        bool               live = false, recent = false;  // entered and not left; in the last step
         std::string        error;
         std::vector<float> logits;
     };
-    void run();
+    void run(int32_t lane);
     void step();
+    void begin_piece(bool others_wait);  // under the mutex: this lane's threads
+    void end_piece();
 
     llama::batch             batch_;
-    const int32_t            queue_, kept_rows_;
+    const int32_t            queue_, kept_rows_, n_lanes_, cores_;
     struct task {
         const std::function<void()> * f = nullptr;
         bool                          done = false;
@@ -73,9 +83,11 @@ class decode_loop {
     std::condition_variable  asked_, stepped_, freed_;
     std::vector<pending>     seats_;  // by seat
     int32_t                  waiting_ = 0;
+    int32_t                  busy_lanes_ = 0;   // lanes computing now
+    bool                     exclusive_  = false;  // one of them on every core: the others start nothing
     uint64_t                 steps_ = 0, tokens_ = 0;
     bool                     stop_ = false;
-    std::thread              thread_;
+    std::vector<std::thread> lanes_;  // lane 0 steps and runs tasks; the others run tasks
 };
 
 // A turn's seat in the decode loop: left with its state, or dropped when the turn ends otherwise (a client gone

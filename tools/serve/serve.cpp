@@ -3,6 +3,7 @@
 #include "common/engine-flags.h"
 #include "common/bundled.h"
 #include "ecokv/error.h"
+#include "decode-loop.h"
 #include "server.h"
 
 #include <algorithm>
@@ -84,6 +85,7 @@ int ecokv_serve(int argc, char ** argv) {
             ("slots", "requests at once (sequences of the decode loop)", cxxopts::value<int32_t>()->default_value("2"))
             ("kv-kept-rows", "rows of every KV head the decode loop keeps for compressed prompts' kept entries, of the -c rows (default: half when compressing, else 0)", cxxopts::value<int32_t>())
             ("no-batch", "each request decodes in its own context (no decode loop)")
+            ("lanes", "pieces of engine work the decode loop runs at once (prefills beside its steps), on cores / N threads each beside others, on every core alone; each loads a copy of the projector (default: 2 on the CPU, 1 offloaded)", cxxopts::value<int32_t>())
             ("queue", "requests waiting for a slot; more get HTTP 503", cxxopts::value<int32_t>()->default_value("16"))
             ("cache-mib", "memory for kept conversations, least recently used evicted first", cxxopts::value<int32_t>()->default_value("256"))
             ("max-tokens", "tokens generated when a request gives no max_tokens", cxxopts::value<int32_t>()->default_value("128"))
@@ -135,9 +137,23 @@ int ecokv_serve(int argc, char ** argv) {
 
         const bool          bundled = args.count("model") == 0;
         el::session_options sopt = ecokv::tools::engine_options_from(args);
-        if (sopt.n_threads == 0 && !so.batch) {  // requests running at once share the cores; a lone one has them all
-            so.cores         = std::make_shared<ecokv::serve::core_share>(el::default_thread_count());
-            sopt.threads_now = [cores = so.cores] { return cores->threads(); };
+        const int32_t n_threads = sopt.n_threads > 0 ? sopt.n_threads : el::default_thread_count();
+        if (args.count("lanes") && !so.batch) {
+            throw error("--lanes splits the decode loop's work, which --no-batch turns off");
+        }
+        if (so.batch) {  // a piece of work alone computes on every core, pieces beside others on their lane's share
+            const bool offload = el::gpu_offload_supported() && sopt.n_gpu_layers != 0 && sopt.devices != "none";
+            so.lanes = args.count("lanes") ? ecokv::tools::int_in_range(args, "lanes", 1, 64)
+                                           : offload ? 1 : std::min(2, n_threads);
+            so.cores          = n_threads;
+            sopt.n_projectors = so.lanes;
+            sopt.threads_now  = [n_threads] {
+                const int32_t n = ecokv::serve::decode_loop::lane_threads();
+                return n > 0 ? n : n_threads;
+            };
+        } else if (sopt.n_threads == 0) {  // requests running at once share the cores; a lone one has them all
+            so.core_users    = std::make_shared<ecokv::serve::core_share>(n_threads);
+            sopt.threads_now = [cores = so.core_users] { return cores->threads(); };
         }
         sopt.model_path  = bundled ? ecokv::tools::bundled_file("tiny-vlm.gguf") : args["model"].as<std::string>();
         sopt.mmproj_path = args.count("mmproj") ? args["mmproj"].as<std::string>()
@@ -155,10 +171,10 @@ int ecokv_serve(int argc, char ** argv) {
         g_server = &server;
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
-        const int32_t     n_threads = sopt.n_threads > 0 ? sopt.n_threads : el::default_thread_count();
-        const std::string threads   = so.batch  ? std::to_string(n_threads) + " threads, one decode loop"
-                                      : so.cores ? std::to_string(n_threads) + " cores shared"
-                                                 : std::to_string(n_threads) + " threads each";
+        const std::string threads =
+            so.batch        ? std::to_string(n_threads) + " threads, one decode loop, " + std::to_string(so.lanes) + " lane(s)"
+            : so.core_users ? std::to_string(n_threads) + " cores shared"
+                            : std::to_string(n_threads) + " threads each";
         std::fprintf(stderr, "ecokv serve: %s on http://%s:%d (%d slots, %s, queue %d, cache %d MiB, %s)\n",
                      so.model_name.c_str(), so.host.c_str(), server.port(), so.slots, threads.c_str(), so.queue,
                      int(so.cache_bytes >> 20), so.kv.compress ? "compressed conversations" : "full caches");

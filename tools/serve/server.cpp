@@ -80,8 +80,8 @@ chat_server::chat_server(const el::session & s, serve_options o) :
     store_(o_.store ? std::make_unique<redis_store>(*o_.store, el::entry_header{ s_.fingerprint(), s_.cache_shape(), "" })
                     : nullptr),
     tiers_(cache_, store_.get()),
-    loop_(o_.batch ? std::make_unique<decode_loop>(s_, pool_options(s_, o_), o_.queue) : nullptr),
-    scheduler_(s_, tiers_, stats_, o_.slots, o_.queue, o_.cores.get(),
+    loop_(o_.batch ? std::make_unique<decode_loop>(s_, pool_options(s_, o_), o_.queue, o_.lanes, o_.cores) : nullptr),
+    scheduler_(s_, tiers_, stats_, o_.slots, o_.queue, o_.core_users.get(),
                loop_ ? engine_runner([loop = loop_.get()](const std::function<void()> & f) { loop->on_engine(f); })
                      : engine_runner()) {
     setup_http();

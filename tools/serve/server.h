@@ -45,13 +45,15 @@ struct serve_options {
     int32_t                  max_connections = 256;   // open at once; past it a 503 and the connection closed
     int32_t                  request_timeout_s = 10;  // a request's headers and body must arrive within it
     // -t 0: the cores the running requests share (the session's threads_now asks it); null: fixed threads
-    std::shared_ptr<core_share> cores;
+    std::shared_ptr<core_share> core_users;
     std::optional<store_options> store;  // --store: kept entries shared with other replicas through Redis
     // The decode loop (issue 50): every answer decodes in one context whose KV memory all sequences share, rows per
     // head: kv_kept_rows for compressed prompts' kept entries, the rest of -c (the session's n_ctx) cells; requests
     // admitted while their cells and kept rows fit, one prefill at a time. Off: each request decodes in its own context.
     bool                         batch        = true;
     int32_t                      kv_kept_rows = -1;  // -1: half of -c when compressing, else 0
+    int32_t                      lanes = 1;  // the loop's pieces of engine work at once (decode_loop)
+    int32_t                      cores = 1;  // the threads of a piece alone
 };
 
 class chat_server {

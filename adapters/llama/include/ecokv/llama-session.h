@@ -57,6 +57,8 @@ struct session_options {
     // When set, the threads of every decode and compression, asked before each one (a server's share of the cores
     // among the requests running now); n_threads and n_threads_batch are then the contexts' first.
     std::function<int32_t()> threads_now;
+    // Copies of the projector, so that as many images encode at once (a server's engine lanes); each holds its weights.
+    int32_t               n_projectors = 1;
     int32_t               n_batch    = 2048;        // logical batch, capped at the context size
     int32_t               n_ubatch   = 0;           // physical batch; 0: llama.cpp's default
     llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;

@@ -1,0 +1,161 @@
+// ecokv serve's decode loop (tools/serve/decode-loop.h): how its lanes share the cores. A piece of engine work alone
+// computes on every core, always on the same thread (lane 0, so that one OpenMP team runs all such pieces); pieces at
+// once run beside each other, each on cores / lanes threads; steps go on beside a running task; one lane runs one
+// piece at a time. Threads are what the session's threads_now hook answers inside the piece (the loop's lane_threads),
+// recorded by the hook each decode asks. The answers themselves: test-batch (steps) and test-serve.sh (the server).
+#include "decode-loop.h"
+
+#include "ecokv/llama-generate.h"
+#include "ecokv/llama-session.h"
+#include "llama/session-test-util.h"
+#include "llama/tiny-model.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+namespace {
+
+using namespace ecokv::test;
+namespace el = ecokv::llama;
+using ecokv::serve::decode_loop;
+using ecokv::serve::pool_seat;
+
+// A piece's thread and the threads it was given.
+struct seen {
+    std::thread::id thread;
+    int32_t         threads = 0;
+};
+
+seen here() { return { std::this_thread::get_id(), decode_loop::lane_threads() }; }
+
+// Blocks until `n` parties arrived or 10 s passed; false on the timeout (the parties never ran at once).
+class meeting {
+  public:
+    explicit meeting(int32_t n) : left_(n) {}
+    bool arrive() {
+        std::unique_lock<std::mutex> lock(m_);
+        if (--left_ == 0) {
+            cv_.notify_all();
+        }
+        return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return left_ <= 0; });
+    }
+
+  private:
+    std::mutex              m_;
+    std::condition_variable cv_;
+    int32_t                 left_;
+};
+
+struct fixture {
+    std::mutex       steps_mutex;
+    std::vector<int> step_threads;  // what threads_now answered on the loop's lanes
+    tiny_model       m = make_tiny_model({});
+    el::session      s;
+    fixture() : s(*m.get(), opts()) {}
+    el::session_options opts() {
+        el::session_options o;
+        o.n_threads   = 1;
+        o.threads_now = [this] {
+            const int32_t n = decode_loop::lane_threads();
+            const std::lock_guard<std::mutex> lock(steps_mutex);
+            step_threads.push_back(n);
+            return std::max(1, n);
+        };
+        return o;
+    }
+};
+
+// A full sequence's snapshot: 12 prompt tokens, room for 8 more.
+el::snapshot a_snapshot(const fixture & f) {
+    return f.s.prefill(f.s.make_prompt(prompt_tokens(12, f.m.config().n_vocab, 7)), ecokv::compression::none(), 8).save();
+}
+
+TEST(decode_loop, a_piece_alone_has_every_core_on_lane_0_and_pieces_beside_a_seat_share_them) {
+    fixture     f;
+    decode_loop loop(f.s, { 64, 0, 2 }, 4, 2, 4);
+    seen        a, b;
+    loop.on_engine([&] { a = here(); });
+    loop.on_engine([&] { b = here(); });
+    EXPECT_EQ(a.threads, 4);
+    EXPECT_EQ(b.threads, 4);
+    EXPECT_EQ(a.thread, b.thread) << "a piece alone runs on lane 0";
+    EXPECT_NE(a.thread, std::this_thread::get_id());
+
+    // with a live seat, two pieces at once: each waits for the other inside, which only works side by side
+    const el::snapshot snap = a_snapshot(f);
+    pool_seat          seat(loop, loop.enter(snap, 8));
+    meeting            both(2);
+    seen               x, y;
+    bool               met_x = false, met_y = false;
+    auto other = std::async(std::launch::async, [&] { loop.on_engine([&] { y = here(); met_y = both.arrive(); }); });
+    loop.on_engine([&] { x = here(); met_x = both.arrive(); });
+    other.get();
+    EXPECT_TRUE(met_x && met_y) << "the two lanes did not run the two pieces at once";
+    EXPECT_NE(x.thread, y.thread);
+    EXPECT_EQ(x.threads, 2);
+    EXPECT_EQ(y.threads, 2);
+    EXPECT_EQ(decode_loop::lane_threads(), 0) << "outside the lanes";
+}
+
+TEST(decode_loop, one_lane_runs_one_piece_at_a_time_on_every_core) {
+    fixture          f;
+    decode_loop      loop(f.s, { 64, 0, 2 }, 4, 1, 2);
+    std::atomic<int> running{ 0 }, most{ 0 };
+    std::vector<int> threads(8, 0);
+    std::vector<std::future<void>> all;
+    for (int i = 0; i < 8; ++i) {
+        all.push_back(std::async(std::launch::async, [&, i] {
+            loop.on_engine([&, i] {
+                most = std::max(most.load(), ++running);
+                threads[size_t(i)] = decode_loop::lane_threads();
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                --running;
+            });
+        }));
+    }
+    for (auto & r : all) {
+        r.get();
+    }
+    EXPECT_EQ(most.load(), 1);
+    EXPECT_EQ(threads, std::vector<int>(8, 2));
+}
+
+// A sequence decodes in the loop while a task holds the other lane: its steps go on (here 3 of them, each asked by
+// this thread, while the task waits for them), on one thread of the two.
+TEST(decode_loop, steps_go_on_beside_a_task_on_their_share_of_the_cores) {
+    fixture          f;
+    decode_loop      loop(f.s, { 64, 0, 2 }, 4, 2, 2);
+    const el::snapshot snap = a_snapshot(f);
+    pool_seat          seat(loop, loop.enter(snap, 8));
+    std::promise<void> stepped;
+    seen               task;
+    auto               side = std::async(std::launch::async, [&] {
+        loop.on_engine([&] {
+            task = here();
+            stepped.get_future().wait_for(std::chrono::seconds(10));
+        });
+    });
+    // the task is taken beside the live seat: wait until it runs
+    for (int i = 0; i < 1000 && task.threads == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_EQ(task.threads, 1) << "a task beside a live seat runs on its lane's share";
+    f.step_threads.clear();
+    llama_token tok = el::argmax(snap.logits);
+    for (int i = 0; i < 3; ++i) {
+        tok = el::argmax(seat.next(tok));
+    }
+    stepped.set_value();
+    side.get();
+    {
+        const std::lock_guard<std::mutex> lock(f.steps_mutex);
+        EXPECT_EQ(f.step_threads, std::vector<int>(3, 1)) << "each step beside the task on one thread";
+    }
+}
+
+}  // namespace
