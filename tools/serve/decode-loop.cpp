@@ -69,6 +69,7 @@ int32_t decode_loop::enter(const el::snapshot & snap, int32_t n_new) {
     const int32_t seat = batch_.admit(snap, n_new);
     seats_[size_t(seat)] = pending{};
     seats_[size_t(seat)].live = true;
+    asked_.notify_all();
     return seat;
 }
 
@@ -92,6 +93,7 @@ el::snapshot decode_loop::leave(int32_t seat) {
     seats_[size_t(seat)].live = false;
     lock.unlock();
     freed_.notify_all();
+    asked_.notify_all();  // which lane may take a task depends on the seats live
     return s;
 }
 
@@ -101,6 +103,7 @@ void decode_loop::drop(int32_t seat) {
     seats_[size_t(seat)].live = false;
     lock.unlock();
     freed_.notify_all();
+    asked_.notify_all();
 }
 
 void decode_loop::on_engine(const std::function<void()> & f) {

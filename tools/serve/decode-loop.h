@@ -80,6 +80,8 @@ class decode_loop {
     };
     std::deque<task *>       tasks_;
     mutable std::mutex       mutex_;
+    // asked_: the lanes (a token handed over, a task, a piece ended, a seat entering or leaving); stepped_: the
+    // request threads (their step or task done); freed_: those waiting for memory
     std::condition_variable  asked_, stepped_, freed_;
     std::vector<pending>     seats_;  // by seat
     int32_t                  waiting_ = 0;

@@ -82,7 +82,7 @@ int ecokv_serve(int argc, char ** argv) {
             ("host", "address to listen on", cxxopts::value<std::string>()->default_value("127.0.0.1"))
             ("port", "port (0: any free port, printed and written to --port-file)", cxxopts::value<int32_t>()->default_value("8080"))
             ("port-file", "write the port listened on to this file once serving", cxxopts::value<std::string>())
-            ("slots", "requests at once (sequences of the decode loop)", cxxopts::value<int32_t>()->default_value("2"))
+            ("slots", "requests at once: the most sequences of the decode loop, admitted while their KV memory fits -c", cxxopts::value<int32_t>()->default_value("8"))
             ("kv-kept-rows", "rows of every KV head the decode loop keeps for compressed prompts' kept entries, of the -c rows (default: half when compressing, else 0)", cxxopts::value<int32_t>())
             ("no-batch", "each request decodes in its own context (no decode loop)")
             ("lanes", "pieces of engine work the decode loop runs at once (prefills beside its steps), on cores / N threads each beside others, on every core alone; each loads a copy of the projector (default: 2 on the CPU, 1 offloaded)", cxxopts::value<int32_t>())

@@ -35,7 +35,7 @@ class connection_pool;
 struct serve_options {
     std::string              host = "127.0.0.1";
     int                      port = 8080;        // 0: any free port (see chat_server::port)
-    int32_t                  slots = 2;          // requests generating at once
+    int32_t                  slots = 8;          // requests generating at once (--slots)
     int32_t                  queue = 16;         // requests waiting for a slot; more get 503
     uint64_t                 cache_bytes = 256ull << 20;  // kept conversations
     std::string              model_name;         // what /v1/models lists and requests may name
