@@ -28,6 +28,7 @@ struct serve_stats {
     std::atomic<uint64_t> prompt_tokens{ 0 }, cached_tokens{ 0 }, completion_tokens{ 0 }, misses{ 0 };
     std::atomic<uint64_t> hits{ 0 }, prefix_hits{ 0 };  // requests that resumed a conversation, a kept context
     std::atomic<uint64_t> prefill_us{ 0 }, decode_us{ 0 };
+    std::atomic<uint64_t> decoded_alone{ 0 };  // with the decode loop: answers decoded in a context of their own
 };
 
 // One answer in the making: the sequence after the prompt, what was reused, and the conversation kept.

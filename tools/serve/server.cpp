@@ -273,6 +273,9 @@ void chat_server::metrics(const httplib::Request &, httplib::Response & res) {
         table.push_back({ "kv_kept_rows_total", "gauge", "kept rows of every KV head", double(l.kept_rows) });
         table.push_back({ "decode_steps_total", "counter", "llama_decode calls of the decode loop", double(l.steps) });
         table.push_back({ "decode_step_tokens_total", "counter", "tokens those steps decoded", double(l.tokens) });
+        table.push_back({ "answers_decoded_alone_total", "counter",
+                          "answers decoded in a context of their own: compressing while decoding, never fitting the "
+                          "loop's memory, or a cache it refused", double(stats_.decoded_alone) });
     }
     res.set_content(prometheus_text(table), "text/plain; version=0.0.4");
 }
@@ -406,6 +409,9 @@ void chat_server::chat(const httplib::Request & req, httplib::Response & res, re
                 t->seq.reset();
             } catch (const ecokv::error &) {
             }
+        }
+        if (loop_ && !t->seat) {
+            ++stats_.decoded_alone;
         }
         res.set_chunked_content_provider(r->stream ? "text/event-stream" : "application/json",
                                          [this, t, r, h, place](size_t, httplib::DataSink & sink) {
