@@ -31,7 +31,9 @@ struct seen {
     int32_t         threads = 0;
 };
 
-seen here() { return { std::this_thread::get_id(), decode_loop::lane_threads() }; }
+seen here() {
+    return { std::this_thread::get_id(), decode_loop::lane_threads() };
+}
 
 // Blocks until `n` parties arrived or 10 s passed; false on the timeout (the parties never ran at once).
 class meeting {
@@ -61,7 +63,7 @@ struct fixture {
         el::session_options o;
         o.n_threads   = 1;
         o.threads_now = [this] {
-            const int32_t n = decode_loop::lane_threads();
+            const int32_t                     n = decode_loop::lane_threads();
             const std::lock_guard<std::mutex> lock(steps_mutex);
             step_threads.push_back(n);
             return std::max(1, n);
@@ -72,7 +74,8 @@ struct fixture {
 
 // A full sequence's snapshot: 12 prompt tokens, room for 8 more.
 el::snapshot a_snapshot(const fixture & f) {
-    return f.s.prefill(f.s.make_prompt(prompt_tokens(12, f.m.config().n_vocab, 7)), ecokv::compression::none(), 8).save();
+    return f.s.prefill(f.s.make_prompt(prompt_tokens(12, f.m.config().n_vocab, 7)), ecokv::compression::none(), 8)
+        .save();
 }
 
 TEST(decode_loop, a_piece_alone_has_every_core_on_lane_0_and_pieces_beside_a_seat_share_them) {
@@ -92,8 +95,16 @@ TEST(decode_loop, a_piece_alone_has_every_core_on_lane_0_and_pieces_beside_a_sea
     meeting            both(2);
     seen               x, y;
     bool               met_x = false, met_y = false;
-    auto other = std::async(std::launch::async, [&] { loop.on_engine([&] { y = here(); met_y = both.arrive(); }); });
-    loop.on_engine([&] { x = here(); met_x = both.arrive(); });
+    auto               other = std::async(std::launch::async, [&] {
+        loop.on_engine([&] {
+            y     = here();
+            met_y = both.arrive();
+        });
+    });
+    loop.on_engine([&] {
+        x     = here();
+        met_x = both.arrive();
+    });
     other.get();
     EXPECT_TRUE(met_x && met_y) << "the two lanes did not run the two pieces at once";
     EXPECT_NE(x.thread, y.thread);
@@ -103,15 +114,15 @@ TEST(decode_loop, a_piece_alone_has_every_core_on_lane_0_and_pieces_beside_a_sea
 }
 
 TEST(decode_loop, one_lane_runs_one_piece_at_a_time_on_every_core) {
-    fixture          f;
-    decode_loop      loop(f.s, { 64, 0, 2 }, 4, 1, 2);
-    std::atomic<int> running{ 0 }, most{ 0 };
-    std::vector<int> threads(8, 0);
+    fixture                        f;
+    decode_loop                    loop(f.s, { 64, 0, 2 }, 4, 1, 2);
+    std::atomic<int>               running{ 0 }, most{ 0 };
+    std::vector<int>               threads(8, 0);
     std::vector<std::future<void>> all;
     for (int i = 0; i < 8; ++i) {
         all.push_back(std::async(std::launch::async, [&, i] {
             loop.on_engine([&, i] {
-                most = std::max(most.load(), ++running);
+                most               = std::max(most.load(), ++running);
                 threads[size_t(i)] = decode_loop::lane_threads();
                 std::this_thread::sleep_for(std::chrono::milliseconds(5));
                 --running;
@@ -128,8 +139,8 @@ TEST(decode_loop, one_lane_runs_one_piece_at_a_time_on_every_core) {
 // A sequence decodes in the loop while a task holds the other lane: its steps go on (here 3 of them, each asked by
 // this thread, while the task waits for them), on one thread of the two.
 TEST(decode_loop, steps_go_on_beside_a_task_on_their_share_of_the_cores) {
-    fixture          f;
-    decode_loop      loop(f.s, { 64, 0, 2 }, 4, 2, 2);
+    fixture            f;
+    decode_loop        loop(f.s, { 64, 0, 2 }, 4, 2, 2);
     const el::snapshot snap = a_snapshot(f);
     pool_seat          seat(loop, loop.enter(snap, 8));
     std::promise<void> stepped;

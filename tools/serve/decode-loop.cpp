@@ -11,7 +11,8 @@ namespace el = ecokv::llama;
 namespace {
 
 // How long a step waits, after the first token was handed over, for those of the seats in the last step: a request
-// thread picks, detokenizes and streams a token in well under that, so a step holds every seat's without idling the cores.
+// thread picks, detokenizes and streams a token in well under that, so a step holds every seat's without idling the
+// cores.
 constexpr auto k_gather = std::chrono::microseconds(1500);
 
 thread_local int32_t t_lane_threads = 0;
@@ -124,11 +125,11 @@ decode_loop::load decode_loop::load_now() const {
 }
 
 // Each lane waits for work it may start: lane 0 a step when a token was handed over (up to k_gather for those of the
-// seats in the last step), else a task when no seat is live or every other lane is busy (a task there holds the steps back, as a
-// prompt in llama-server's batch does); the other lanes a task beside other work (a lone one is lane 0's, so that
-// one thread's OpenMP team runs every piece that has all the cores). Nothing starts while a piece runs on every core. A
-// step runs with the mutex held (the seats in it are waiting for it, and entering or leaving changes the batch), a
-// task with it released.
+// seats in the last step), else a task when no seat is live or every other lane is busy (a task there holds the steps
+// back, as a prompt in llama-server's batch does); the other lanes a task beside other work (a lone one is lane 0's,
+// so that one thread's OpenMP team runs every piece that has all the cores). Nothing starts while a piece runs on
+// every core. A step runs with the mutex held (the seats in it are waiting for it, and entering or leaving changes the
+// batch), a task with it released. Whatever changes these conditions notifies asked_.
 void decode_loop::run(int32_t lane) {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto n_asked = [&] {
@@ -137,7 +138,8 @@ void decode_loop::run(int32_t lane) {
     // the seats of the last step that are still live have all handed their next token over (a seat that just
     // entered, or is about to leave, is not waited for)
     const auto all_recent_asked = [&] {
-        return std::none_of(seats_.begin(), seats_.end(), [](const pending & p) { return p.live && p.recent && !p.asked; });
+        return std::none_of(seats_.begin(), seats_.end(),
+                            [](const pending & p) { return p.live && p.recent && !p.asked; });
     };
     const auto may_step = [&] { return lane == 0 && !exclusive_ && n_asked() > 0; };
     const auto may_task = [&] {
@@ -156,8 +158,7 @@ void decode_loop::run(int32_t lane) {
         }
         if (may_step()) {
             asked_.wait_for(lock, k_gather, [&] {
-                return stop_ || all_recent_asked() ||
-                       (!tasks_.empty() && busy_lanes_ >= n_lanes_ - 1);
+                return stop_ || all_recent_asked() || (!tasks_.empty() && busy_lanes_ >= n_lanes_ - 1);
             });
             begin_piece(!tasks_.empty());
             step();
