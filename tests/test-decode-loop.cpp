@@ -1,7 +1,7 @@
 // ecokv serve's decode loop (tools/serve/decode-loop.h): how its lanes share the cores. A piece of engine work alone
-// computes on every core, always on the same thread (lane 0, so that one OpenMP team runs all such pieces); pieces at
-// once run beside each other, each on cores / lanes threads; steps go on beside a running task; one lane runs one
-// piece at a time. Threads are what the session's threads_now hook answers inside the piece (the loop's lane_threads),
+// computes on every core, on the thread that asked (as without the loop); pieces at once run beside each other on
+// the lanes, each on cores / lanes threads; steps go on beside a running task; one lane runs one piece at a time; a
+// solo answer decodes on its own thread until another piece comes. Threads are what the session's threads_now hook answers inside the piece (the loop's lane_threads),
 // recorded by the hook each decode asks. The answers themselves: test-batch (steps) and test-serve.sh (the server).
 #include "decode-loop.h"
 
@@ -78,16 +78,13 @@ el::snapshot a_snapshot(const fixture & f) {
         .save();
 }
 
-TEST(decode_loop, a_piece_alone_has_every_core_on_lane_0_and_pieces_beside_a_seat_share_them) {
+TEST(decode_loop, a_piece_alone_has_every_core_on_its_thread_and_pieces_beside_a_seat_share_them) {
     fixture     f;
     decode_loop loop(f.s, { 64, 0, 2 }, 4, 2, 4);
-    seen        a, b;
+    seen        a;
     loop.on_engine([&] { a = here(); });
-    loop.on_engine([&] { b = here(); });
     EXPECT_EQ(a.threads, 4);
-    EXPECT_EQ(b.threads, 4);
-    EXPECT_EQ(a.thread, b.thread) << "a piece alone runs on lane 0";
-    EXPECT_NE(a.thread, std::this_thread::get_id());
+    EXPECT_EQ(a.thread, std::this_thread::get_id()) << "a piece alone runs where it was asked";
 
     // with a live seat, two pieces at once: each waits for the other inside, which only works side by side
     const el::snapshot snap = a_snapshot(f);
@@ -167,6 +164,46 @@ TEST(decode_loop, steps_go_on_beside_a_task_on_their_share_of_the_cores) {
         const std::lock_guard<std::mutex> lock(f.steps_mutex);
         EXPECT_EQ(f.step_threads, std::vector<int>(3, 1)) << "each step beside the task on one thread";
     }
+}
+
+
+// A solo answer decodes on its own thread with every core while nothing else runs. Another request's piece then runs
+// on a lane beside it (on its share: the solo answer counts as live), and the solo answer's next decode is refused
+// (its caller enters the loop); once it ends, a piece alone runs on its asker's thread again.
+TEST(decode_loop, a_solo_answer_decodes_on_its_thread_until_another_piece_comes) {
+    fixture     f;
+    decode_loop loop(f.s, { 64, 0, 2 }, 4, 2, 4);
+    ASSERT_TRUE(loop.begin_solo());
+    EXPECT_FALSE(loop.begin_solo()) << "a second answer is not alone";
+    seen solo;
+    ASSERT_TRUE(loop.decode_solo([&] { solo = here(); }));
+    EXPECT_EQ(solo.thread, std::this_thread::get_id());
+    EXPECT_EQ(solo.threads, 4);
+
+    std::promise<void> refused;
+    std::atomic<bool>  started{ false };
+    seen               task;
+    auto               other = std::async(std::launch::async, [&, done = refused.get_future()] {
+        loop.on_engine([&] {
+            task    = here();
+            started = true;
+            done.wait();
+        });
+    });
+    while (!started) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_FALSE(loop.decode_solo([] {})) << "a piece runs: the solo answer must enter the loop";
+    refused.set_value();
+    other.get();
+    EXPECT_NE(task.thread, std::this_thread::get_id());
+    EXPECT_EQ(task.threads, 2) << "beside the solo answer: its lane's share";
+    loop.end_solo();
+
+    seen after;
+    loop.on_engine([&] { after = here(); });
+    EXPECT_EQ(after.thread, std::this_thread::get_id());
+    EXPECT_EQ(after.threads, 4);
 }
 
 }  // namespace

@@ -223,6 +223,29 @@ alone_after=$(metric ecokv_answers_decoded_alone_total)
 echo "ok - all 12 decoded in the loop, a decode_compress turn alone"
 echo "ok - the decode loop: 12 requests at once$( ((device_loop)) && echo ' (answers not compared on a device)' || echo ' answer as each alone'), $tokens tokens in $steps steps"
 
+# A request alone decodes solo (on its own thread, as --no-batch does); another coming while it streams makes it enter
+# the loop mid-answer. Both answer as each alone; the metrics count one solo answer start to end, then one that joined.
+solo_before=$(metric ecokv_answers_solo_total) joined_before=$(metric ecokv_answers_solo_joined_total)
+curl -s -o /dev/null -H 'Content-Type: application/json' --data-binary "@$DIR/loop-body.2" "$loop_url/v1/chat/completions"
+[[ $(( $(metric ecokv_answers_solo_total) - solo_before )) == 1 ]] || { echo "not ok - a lone request did not decode solo"; exit 1; }
+long_story='{"temperature":0.0,"ignore_eos":true,"max_tokens":300,"stream":true,"messages":[{"role":"user","content":"Tell me a long story."}]}'
+curl -sN -H 'Content-Type: application/json' -d "$long_story" "$loop_url/v1/chat/completions" > "$DIR/solo.sse" &
+solo_pid=$!
+for _ in $(seq 400); do grep -q '"content":"[^"]' "$DIR/solo.sse" 2>/dev/null && break; sleep 0.02; done
+curl -s -o "$DIR/beside" -H 'Content-Type: application/json' --data-binary "@$DIR/loop-body.1" "$loop_url/v1/chat/completions"
+wait "$solo_pid"
+[[ $(( $(metric ecokv_answers_solo_joined_total) - joined_before )) == 1 ]] ||
+    { echo "not ok - the streaming solo answer did not enter the loop when another request came"; exit 1; }
+if (( ! device_loop )); then
+    sse_text() { python3 -c 'import json, sys
+print("".join(json.loads(l[6:])["choices"][0]["delta"].get("content", "") for l in open(sys.argv[1])
+              if l.startswith("data: {") and json.loads(l[6:])["choices"]))' "$1"; }
+    curl -sN -o "$DIR/solo-alone.sse" -H 'Content-Type: application/json' -d "$long_story" "$alone_url/v1/chat/completions"
+    [[ $(sse_text "$DIR/solo.sse") == "$(sse_text "$DIR/solo-alone.sse")" && $(content "$DIR/beside") == "$(content "$DIR/alone.1")" ]] ||
+        { echo "not ok - answers of a solo answer that joined the loop, or of the request beside it, differ from alone"; exit 1; }
+fi
+echo "ok - a lone request decodes solo; one streaming when another comes joins the loop mid-answer$( ((device_loop)) || echo ', both as alone')"
+
 # Fields a client sends are honoured or refused with a 400 naming them, never ignored.
 URL=http://127.0.0.1:$(cat "$DIR/main.port")
 hi='"messages": [{"role": "user", "content": "hi"}]'

@@ -108,6 +108,9 @@ void decode_loop::drop(int32_t seat) {
 }
 
 void decode_loop::on_engine(const std::function<void()> & f) {
+    if (run_here(f, 0)) {
+        return;
+    }
     task t{ &f, false, nullptr };
     std::unique_lock<std::mutex> lock(mutex_);
     tasks_.push_back(&t);
@@ -118,17 +121,62 @@ void decode_loop::on_engine(const std::function<void()> & f) {
     }
 }
 
+bool decode_loop::idle(int32_t solo_mine) const {
+    return busy_lanes_ == 0 && tasks_.empty() && batch_.n_live() == 0 && solo_ == solo_mine;
+}
+
+// f on this thread, on every core, nothing else starting until it ends, if the loop is idle.
+bool decode_loop::run_here(const std::function<void()> & f, int32_t solo_mine) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!idle(solo_mine)) {
+        return false;
+    }
+    begin_piece(false);
+    lock.unlock();
+    std::exception_ptr failed;
+    try {
+        f();
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    lock.lock();
+    end_piece();
+    if (failed) {
+        std::rethrow_exception(failed);
+    }
+    return true;
+}
+
+bool decode_loop::begin_solo() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (!idle(0)) {
+        return false;
+    }
+    ++solo_;
+    return true;
+}
+
+bool decode_loop::decode_solo(const std::function<void()> & f) { return run_here(f, 1); }
+
+void decode_loop::end_solo() {
+    {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        --solo_;
+    }
+    asked_.notify_all();  // which lane may take a task depends on it
+}
+
 decode_loop::load decode_loop::load_now() const {
     const std::lock_guard<std::mutex> lock(mutex_);
     return { batch_.n_live(), waiting_, batch_.cells_promised(), batch_.n_cells(), batch_.kept_rows_used(), kept_rows_,
-             steps_, tokens_ };
+             solo_, steps_, tokens_ };
 }
 
 // Each lane waits for work it may start: lane 0 a step when a token was handed over (up to k_gather for those of the
-// seats in the last step), else a task when no seat is live or every other lane is busy (a task there holds the steps
-// back, as a prompt in llama-server's batch does); the other lanes a task beside other work (a lone one is lane 0's,
-// so that one thread's OpenMP team runs every piece that has all the cores). Nothing starts while a piece runs on
-// every core. A step runs with the mutex held (the seats in it are waiting for it, and entering or leaving changes the
+// seats in the last step), else a task when no answer is live (a seat or solo) or every other lane is busy (a task
+// there holds the steps back, as a prompt in llama-server's batch does); the other lanes a task beside other work (a
+// lone one is lane 0's, so that one thread's OpenMP team runs every piece that has all the cores). Nothing starts
+// while a piece runs on every core. A step runs with the mutex held (the seats in it are waiting for it, and entering or leaving changes the
 // batch), a task with it released. Whatever changes these conditions notifies asked_.
 void decode_loop::run(int32_t lane) {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -147,9 +195,9 @@ void decode_loop::run(int32_t lane) {
             return false;
         }
         if (lane > 0) {  // only beside other work: a piece alone runs on lane 0, whose OpenMP team stays warm
-            return busy_lanes_ > 0 || tasks_.size() > 1 || batch_.n_live() > 0;
+            return busy_lanes_ > 0 || tasks_.size() > 1 || batch_.n_live() + solo_ > 0;
         }
-        return n_asked() == 0 && (batch_.n_live() == 0 || busy_lanes_ >= n_lanes_ - 1);
+        return n_asked() == 0 && (batch_.n_live() + solo_ == 0 || busy_lanes_ >= n_lanes_ - 1);
     };
     while (true) {
         asked_.wait(lock, [&] { return stop_ || may_step() || may_task(); });
@@ -167,7 +215,7 @@ void decode_loop::run(int32_t lane) {
         }
         task * t = tasks_.front();
         tasks_.pop_front();
-        begin_piece(!tasks_.empty() || batch_.n_live() > 0);
+        begin_piece(!tasks_.empty() || batch_.n_live() + solo_ > 0);
         lock.unlock();
         try {
             (*t->f)();

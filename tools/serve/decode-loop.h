@@ -4,9 +4,12 @@
 // while it fits, else it waits, among at most `queue` others), then hands over each token it picked; the loop thread
 // decodes the next token of every seat that handed one over in one llama_decode, and each thread gets its logits back.
 // The rest of the engine's work (prefills, ...: on_engine) runs on the loop's lanes: the loop's thread, which also
-// steps, and lanes - 1 more. A piece of work alone computes on every core; pieces running beside others on
-// cores / lanes threads each, never two teams of several threads on the same cores (ggml's OpenMP teams spin
-// against each other). On 2 cores two one-thread prefills (or a prefill beside the steps) do more than one on both.
+// steps, and lanes - 1 more. Pieces running beside others get cores / lanes threads each, never two teams of several
+// threads on the same cores (ggml's OpenMP teams spin against each other). On 2 cores two one-thread prefills (or a
+// prefill beside the steps) do more than one on both.
+// A request alone (nothing live, running or queued) runs as without the loop: its prefill and its answer's tokens on
+// its own thread, on every core (solo), until another request comes; then it enters the loop. Handing a lone
+// request's work to a lane costs 15-25% on a 2-core VM (docs/serve.md: woken threads time-sliced on one core).
 #pragma once
 
 #include "chat-request.h"
@@ -43,13 +46,20 @@ class decode_loop {
     std::vector<float> next(int32_t seat, llama_token tok);
     llama::snapshot    leave(int32_t seat);  // the seat's state, and the seat freed
     void               drop(int32_t seat);
-    // Runs f on the loop's thread between two steps (the engine_runner of the scheduler) and returns when it is done,
-    // rethrowing what it threw. Steps and such work alternate while both wait.
+    // Runs f (the engine_runner of the scheduler) and returns when it is done, rethrowing what it threw: on this
+    // thread with every core when the loop is idle (nothing live, running, queued or solo), else on a lane between
+    // two steps. Steps and such work alternate while both wait.
     void               on_engine(const std::function<void()> & f);
+    // A solo answer: claimed while the loop is idle (false otherwise); its tokens then decode on its own thread with
+    // every core (decode_solo) while nothing else is live, running or queued, and it enters the loop (end_solo, then
+    // enter) the first time decode_solo says false.
+    bool               begin_solo();
+    bool               decode_solo(const std::function<void()> & f);
+    void               end_solo();
     uint64_t           kv_bytes_of_cells(int32_t n) const { return batch_.kv_bytes_of_cells(n); }
 
     struct load {
-        int32_t  live = 0, waiting = 0, cells_promised = 0, n_cells = 0, kept_rows_used = 0, kept_rows = 0;
+        int32_t  live = 0, waiting = 0, cells_promised = 0, n_cells = 0, kept_rows_used = 0, kept_rows = 0, solo = 0;
         uint64_t steps = 0, tokens = 0;  // llama_decode calls and the tokens they decoded
     };
     load load_now() const;
@@ -66,6 +76,8 @@ class decode_loop {
         std::string        error;
         std::vector<float> logits;
     };
+    bool idle(int32_t solo_mine) const;  // under the mutex: nothing live, running or queued; solo_mine solo answers
+    bool run_here(const std::function<void()> & f, int32_t solo_mine);
     void run(int32_t lane);
     void step();
     void begin_piece(bool others_wait);  // under the mutex: this lane's threads
@@ -85,7 +97,8 @@ class decode_loop {
     std::condition_variable  asked_, stepped_, freed_;
     std::vector<pending>     seats_;  // by seat
     int32_t                  waiting_ = 0;
-    int32_t                  busy_lanes_ = 0;   // lanes computing now
+    int32_t                  busy_lanes_ = 0;   // lanes (or threads running a piece alone) computing now
+    int32_t                  solo_       = 0;   // solo answers: live to the lanes' choices, outside the batch
     bool                     exclusive_  = false;  // one of them on every core: the others start nothing
     uint64_t                 steps_ = 0, tokens_ = 0;
     bool                     stop_ = false;
@@ -114,6 +127,23 @@ class pool_seat {
   private:
     decode_loop * loop_;
     int32_t       seat_;
+};
+
+// A turn's solo answer (decode_loop::begin_solo), ended when it enters the loop or its turn ends.
+class solo_answer {
+  public:
+    explicit solo_answer(decode_loop & loop) : loop_(&loop) {}
+    solo_answer(solo_answer && o) noexcept : loop_(std::exchange(o.loop_, nullptr)) {}
+    solo_answer & operator=(solo_answer &&) = delete;
+    ~solo_answer() {
+        if (loop_) {
+            loop_->end_solo();
+        }
+    }
+    bool decode(const std::function<void()> & f) { return loop_->decode_solo(f); }
+
+  private:
+    decode_loop * loop_;
 };
 
 }  // namespace ecokv::serve

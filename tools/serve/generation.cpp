@@ -152,19 +152,20 @@ void chat_server::generate(turn & t, const chat_request & r, const answer_header
                 break;
             }
             if (i + 1 < r.max_tokens && alive) {
-                if (t.seat) {
-                    t.logits = t.seat->next(tok);  // with every other seat's next token
-                } else {
-                    scheduler_.on_engine([&] { t.seq->decode({ tok }); });  // compressed again first when due
-                }
+                decode_next(t, tok, r.max_tokens - i);
                 ++n_decoded;
             }
         }
     } catch (const std::exception & e) {  // the status is sent already: report in the body
+        t.solo.reset();
         const json err = error_body(request_error(500, "server_error", "", e.what()));
         r.stream ? event(err) : send(json_text(err));
         ++stats_.errors;
         return;
+    }
+    if (t.solo) {
+        ++stats_.solo;
+        t.solo.reset();  // its turn ends (on this thread, if still alone)
     }
     stats_.decode_us += uint64_t(seconds_since(t0) * 1e6);
     stats_.completion_tokens += out.size();
@@ -209,6 +210,29 @@ void chat_server::generate(turn & t, const chat_request & r, const answer_header
         body["kv_kept"] = kv_kept;
     }
     send(json_text(body));
+}
+
+// The turn's next token decoded: with the other seats' in the loop; solo on this thread while nothing else runs,
+// entering the loop when something does (n_new: cells it may still need); else alone on the engine.
+void chat_server::decode_next(turn & t, llama_token tok, int32_t n_new) {
+    if (t.solo) {
+        if (t.solo->decode([&] { t.seq->decode({ tok }); })) {
+            return;
+        }
+        t.solo.reset();
+        try {
+            t.seat.emplace(*loop_, loop_->enter(t.seq->save(), n_new));
+            t.seq.reset();
+            ++stats_.solo_joined;
+        } catch (const std::exception &) {  // the loop is full or refuses it: the answer goes on alone
+            ++stats_.decoded_alone;
+        }
+    }
+    if (t.seat) {
+        t.logits = t.seat->next(tok);  // with every other seat's next token
+    } else {
+        scheduler_.on_engine([&] { t.seq->decode({ tok }); });  // compressed again first when due
+    }
 }
 
 }  // namespace ecokv::serve

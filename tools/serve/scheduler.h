@@ -28,6 +28,8 @@ struct serve_stats {
     std::atomic<uint64_t> prompt_tokens{ 0 }, cached_tokens{ 0 }, completion_tokens{ 0 }, misses{ 0 };
     std::atomic<uint64_t> hits{ 0 }, prefix_hits{ 0 };  // requests that resumed a conversation, a kept context
     std::atomic<uint64_t> prefill_us{ 0 }, decode_us{ 0 };
+    std::atomic<uint64_t> solo{ 0 };           // answers decoded solo from start to end: the loop idle meanwhile
+    std::atomic<uint64_t> solo_joined{ 0 };    // answers begun solo that entered the loop when another request came
     std::atomic<uint64_t> decoded_alone{ 0 };  // with the decode loop: answers decoded in a context of their own
 };
 
@@ -41,6 +43,7 @@ struct turn {
     std::optional<entry_kind>                  hit;  // what it resumed, or nothing (prefilled from the start)
     std::optional<cell_map>                    cells;   // the prompt's cells, when the request asks for kv_kept
     std::optional<pool_seat>                   seat;    // decoding in the server's decode loop (seq then empty)
+    std::optional<solo_answer>                 solo;    // or solo, on its request's thread, while nothing else runs
     std::vector<float>                         logits;  // there: the distribution of the next token
 };
 

@@ -273,6 +273,12 @@ void chat_server::metrics(const httplib::Request &, httplib::Response & res) {
         table.push_back({ "kv_kept_rows_total", "gauge", "kept rows of every KV head", double(l.kept_rows) });
         table.push_back({ "decode_steps_total", "counter", "llama_decode calls of the decode loop", double(l.steps) });
         table.push_back({ "decode_step_tokens_total", "counter", "tokens those steps decoded", double(l.tokens) });
+        table.push_back({ "answers_solo_total", "counter",
+                          "answers decoded on their request's thread from start to end, nothing else running meanwhile",
+                          double(stats_.solo) });
+        table.push_back({ "answers_solo_joined_total", "counter",
+                          "answers begun solo that entered the decode loop when another request came",
+                          double(stats_.solo_joined) });
         table.push_back({ "answers_decoded_alone_total", "counter",
                           "answers decoded in a context of their own: compressing while decoding, never fitting the "
                           "loop's memory, or a cache it refused", double(stats_.decoded_alone) });
@@ -402,15 +408,19 @@ void chat_server::chat(const httplib::Request & req, httplib::Response & res, re
         if (loop_ && decodes_in_loop(c, s_) && loop_->could_fit(t->kept->snap, r->max_tokens)) {
             // its own context freed, the answer decodes with the others' (one that never fits the loop's memory
             // decodes alone, as with --no-batch; so does a state the pool refuses: a full cache whose V a device
-            // without flash attention transposed)
-            try {
-                t->seat.emplace(*loop_, loop_->enter(t->kept->snap, r->max_tokens));
-                t->logits = t->kept->snap.logits;
-                t->seq.reset();
-            } catch (const ecokv::error &) {
+            // without flash attention transposed); with nothing else running, solo until something does
+            if (loop_->begin_solo()) {
+                t->solo.emplace(*loop_);
+            } else {
+                try {
+                    t->seat.emplace(*loop_, loop_->enter(t->kept->snap, r->max_tokens));
+                    t->logits = t->kept->snap.logits;
+                    t->seq.reset();
+                } catch (const ecokv::error &) {
+                }
             }
         }
-        if (loop_ && !t->seat) {
+        if (loop_ && !t->seat && !t->solo) {
             ++stats_.decoded_alone;
         }
         res.set_chunked_content_provider(r->stream ? "text/event-stream" : "application/json",

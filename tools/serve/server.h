@@ -93,6 +93,7 @@ class chat_server {
     // An OpenAI endpoint: the request parsed, admitted, begun on the engine, its answer streamed by generate().
     void chat(const httplib::Request & req, httplib::Response & res, request_parser parse);
     void generate(turn & t, const chat_request & r, const answer_header & h, httplib::DataSink & sink);
+    void decode_next(turn & t, llama_token tok, int32_t n_new);
     nlohmann::json memory_json() const;
 
     const llama::session &           s_;
