@@ -169,15 +169,16 @@ void decode_loop::end_solo() {
 decode_loop::load decode_loop::load_now() const {
     const std::lock_guard<std::mutex> lock(mutex_);
     return { batch_.n_live(), waiting_, batch_.cells_promised(), batch_.n_cells(), batch_.kept_rows_used(), kept_rows_,
-             solo_, steps_, tokens_ };
+             steps_, tokens_ };
 }
 
 // Each lane waits for work it may start: lane 0 a step when a token was handed over (up to k_gather for those of the
 // seats in the last step), else a task when no answer is live (a seat or solo) or every other lane is busy (a task
 // there holds the steps back, as a prompt in llama-server's batch does); the other lanes a task beside other work (a
-// lone one is lane 0's, so that one thread's OpenMP team runs every piece that has all the cores). Nothing starts
-// while a piece runs on every core. A step runs with the mutex held (the seats in it are waiting for it, and entering or leaving changes the
-// batch), a task with it released. Whatever changes these conditions notifies asked_.
+// lone one queued while a piece ran is lane 0's: one warm OpenMP team for the lanes' pieces with all the cores).
+// Nothing starts while a piece runs on every core. A step runs with the mutex held (the seats in it are waiting for
+// it, and entering or leaving changes the batch), a task with it released. Whatever changes these conditions
+// notifies asked_.
 void decode_loop::run(int32_t lane) {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto n_asked = [&] {

@@ -59,7 +59,7 @@ class decode_loop {
     uint64_t           kv_bytes_of_cells(int32_t n) const { return batch_.kv_bytes_of_cells(n); }
 
     struct load {
-        int32_t  live = 0, waiting = 0, cells_promised = 0, n_cells = 0, kept_rows_used = 0, kept_rows = 0, solo = 0;
+        int32_t  live = 0, waiting = 0, cells_promised = 0, n_cells = 0, kept_rows_used = 0, kept_rows = 0;
         uint64_t steps = 0, tokens = 0;  // llama_decode calls and the tokens they decoded
     };
     load load_now() const;
