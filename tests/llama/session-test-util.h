@@ -25,11 +25,21 @@ inline ecokv::method_params budget(int32_t b, int32_t w = -1) {
 }
 
 // Visible keys after a compression of the first n_prompt tokens: what each (layer, KV head) kept (`kept`, indexed
-// layer * n_kv + head, as sequence::kept_cells), then every later token.
-inline keep_fn kept_mask(const std::vector<std::vector<int32_t>> & kept, int32_t n_kv, int32_t n_prompt) {
-    return [&kept, n_kv, n_prompt](int32_t il, int32_t g, int32_t qi, int32_t kj) {
-        const auto & h = kept[size_t(il) * n_kv + g];
-        return qi < n_prompt || kj >= n_prompt || std::binary_search(h.begin(), h.end(), kj);
+// layer * n_kv + head, as sequence::kept_cells), then every later token. With `swa` (an iSWA model), `kept` holds the
+// compressed layers only: a sliding-window layer keeps llama.cpp's window, which the reference masks itself.
+inline keep_fn kept_mask(const std::vector<std::vector<int32_t>> & kept, int32_t n_kv, int32_t n_prompt,
+                         const tiny_model * swa = nullptr) {
+    std::vector<int32_t> layer_of;  // model layer -> compressed layer, -1 for a sliding-window one
+    for (int32_t il = 0, i = 0; swa && il < swa->config().n_layer; ++il) {
+        layer_of.push_back(swa->is_swa(il) ? -1 : i++);
+    }
+    return [&kept, n_kv, n_prompt, layer_of](int32_t il, int32_t g, int32_t qi, int32_t kj) {
+        const int32_t layer = layer_of.empty() ? il : layer_of[size_t(il)];
+        if (qi < n_prompt || kj >= n_prompt || layer < 0) {
+            return true;
+        }
+        const auto & h = kept[size_t(layer) * n_kv + g];
+        return std::binary_search(h.begin(), h.end(), kj);
     };
 }
 

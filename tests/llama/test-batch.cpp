@@ -117,7 +117,7 @@ void expect_batched_equals_alone(const el::session_options & o, const tiny_confi
         const auto positions = text_positions(int32_t(all.size()));
         const kv_rounding stored = cache_rounding(o.type_k, o.type_v);
         const keep_fn     keep   = src[i].kept.empty() ? keep_fn{}
-                                                       : kept_mask(src[i].kept, c.n_head_kv, int32_t(src[i].tokens.size()));
+                                                       : kept_mask(src[i].kept, c.n_head_kv, int32_t(src[i].tokens.size()), &f.m);
         const auto        ref    = reference_logits(f.m, all, positions, keep, stored);
         // The reference rounds a quantized cache and its queries as the CPU does; a device dequantizes and converts
         // the queries its own way (3.5-4.8e-3 on lavapipe, for the full cache as for the compressed ones).
@@ -132,6 +132,14 @@ TEST(batch, full_uniform_and_per_head_caches_decode_together_as_alone) {
     tiny_config mrope;  // Qwen2-VL's text model: M-RoPE positions, Q/K/V biases
     mrope.arch = "qwen2vl";
     expect_batched_equals_alone(options(), mrope);
+}
+
+// An iSWA model (gemma3: sliding-window layers of 8 positions between global ones) decodes in a batch as alone.
+TEST(batch, an_iswa_model_decodes_together_as_alone) {
+    tiny_config gemma;
+    gemma.arch    = "gemma3";
+    gemma.n_layer = 4;  // global layers 1 and 3
+    expect_batched_equals_alone(options(), gemma);
 }
 
 TEST(batch, without_flash_attention_and_with_a_quantized_cache_too) {
