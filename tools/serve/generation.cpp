@@ -164,7 +164,7 @@ void chat_server::generate(turn & t, const chat_request & r, const answer_header
         return;
     }
     if (t.solo) {
-        ++stats_.solo;
+        stats_.solo += alive ? 1 : 0;
         t.solo.reset();  // its turn ends (on this thread, if still alone)
     }
     stats_.decode_us += uint64_t(seconds_since(t0) * 1e6);
