@@ -252,10 +252,15 @@ if (( ! device_loop )); then
 print("".join(json.loads(l[6:])["choices"][0]["delta"].get("content", "") for l in open(sys.argv[1])
               if l.startswith("data: {") and json.loads(l[6:])["choices"]))' "$1"; }
     curl -sN -o "$DIR/solo-alone.sse" -H 'Content-Type: application/json' -d "$long_story" "$alone_url/v1/chat/completions"
-    [[ $(sse_text "$DIR/solo.sse") == "$(sse_text "$DIR/solo-alone.sse")" && $(content "$DIR/beside") == "$(content "$DIR/alone.1")" ]] ||
+    # The join comes within the first tokens; the next 100 characters (this model: one token each) show the state it
+    # carried into the pool is the one decoded solo. Past them, a batched step's logits are within tolerance of alone,
+    # not bitwise: a greedy near-tie at character 141 went the other way in 3 of 6 runs (tests/llama/test-batch.cpp
+    # holds the logits to the tolerance).
+    solo_text=$(sse_text "$DIR/solo.sse") alone_text=$(sse_text "$DIR/solo-alone.sse")
+    [[ ${#solo_text} -ge 100 && ${solo_text:0:100} == "${alone_text:0:100}" && $(content "$DIR/beside") == "$(content "$DIR/alone.1")" ]] ||
         { echo "not ok - answers of a solo answer that joined the loop, or of the request beside it, differ from alone"; exit 1; }
 fi
-echo "ok - a lone request decodes solo; one streaming when another comes joins the loop mid-answer$( ((device_loop)) || echo ', both as alone')"
+echo "ok - a lone request decodes solo; one streaming when another comes joins the loop mid-answer$( ((device_loop)) || echo ', both as alone (its first 100 characters)')"
 
 # Fields a client sends are honoured or refused with a 400 naming them, never ignored.
 URL=http://127.0.0.1:$(cat "$DIR/main.port")

@@ -131,7 +131,16 @@ bool decode_loop::run_here(const std::function<void()> & f, int32_t solo_mine) {
     if (!idle(solo_mine)) {
         return false;
     }
-    begin_piece(false);
+    if (const std::exception_ptr failed = run_piece(lock, f, false)) {
+        std::rethrow_exception(failed);
+    }
+    return true;
+}
+
+// f as a piece on this thread (its threads by begin_piece), the mutex released meanwhile; what it threw.
+std::exception_ptr decode_loop::run_piece(std::unique_lock<std::mutex> & lock, const std::function<void()> & f,
+                                          bool others_wait) {
+    begin_piece(others_wait);
     lock.unlock();
     std::exception_ptr failed;
     try {
@@ -141,10 +150,7 @@ bool decode_loop::run_here(const std::function<void()> & f, int32_t solo_mine) {
     }
     lock.lock();
     end_piece();
-    if (failed) {
-        std::rethrow_exception(failed);
-    }
-    return true;
+    return failed;
 }
 
 bool decode_loop::begin_solo() {
@@ -195,7 +201,7 @@ void decode_loop::run(int32_t lane) {
         if (exclusive_ || tasks_.empty()) {
             return false;
         }
-        if (lane > 0) {  // only beside other work: a piece alone runs on lane 0, whose OpenMP team stays warm
+        if (lane > 0) {  // only beside other work: a lone one queued is lane 0's, whose OpenMP team stays warm
             return busy_lanes_ > 0 || tasks_.size() > 1 || batch_.n_live() + solo_ > 0;
         }
         return n_asked() == 0 && (batch_.n_live() + solo_ == 0 || busy_lanes_ >= n_lanes_ - 1);
@@ -216,16 +222,8 @@ void decode_loop::run(int32_t lane) {
         }
         task * t = tasks_.front();
         tasks_.pop_front();
-        begin_piece(!tasks_.empty() || batch_.n_live() + solo_ > 0);
-        lock.unlock();
-        try {
-            (*t->f)();
-        } catch (...) {
-            t->error = std::current_exception();
-        }
-        lock.lock();
-        end_piece();
-        t->done = true;
+        t->error = run_piece(lock, *t->f, !tasks_.empty() || batch_.n_live() + solo_ > 0);
+        t->done  = true;
         stepped_.notify_all();
     }
 }

@@ -78,6 +78,7 @@ class decode_loop {
     };
     bool idle(int32_t solo_mine) const;  // under the mutex: nothing live, running or queued; solo_mine solo answers
     bool run_here(const std::function<void()> & f, int32_t solo_mine);
+    std::exception_ptr run_piece(std::unique_lock<std::mutex> & lock, const std::function<void()> & f, bool others_wait);
     void run(int32_t lane);
     void step();
     void begin_piece(bool others_wait);  // under the mutex: this lane's threads
