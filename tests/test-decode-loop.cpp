@@ -167,6 +167,52 @@ TEST(decode_loop, steps_go_on_beside_a_task_on_their_share_of_the_cores) {
 }
 
 
+// Lane 0 steps; while it runs a task (taken because the other lane was busy), the other lane, once free, steps in its
+// place: here a task holds lane 0 until 3 steps are done, which only the other lane can then decode.
+TEST(decode_loop, another_lane_steps_while_lane_0_runs_a_task) {
+    fixture            f;
+    decode_loop        loop(f.s, { 64, 0, 2 }, 4, 2, 2);
+    const el::snapshot snap = a_snapshot(f);
+    pool_seat          seat(loop, loop.enter(snap, 8));
+    std::promise<void> first_done, stepped;
+    std::atomic<bool>  first_started{ false }, second_started{ false };
+    bool               steps_beside = false;
+    seen               first, second;
+    auto               a = std::async(std::launch::async, [&, done = first_done.get_future()] {
+        loop.on_engine([&] {
+            first         = here();
+            first_started = true;
+            done.wait();
+        });
+    });
+    while (!first_started) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    auto b = std::async(std::launch::async, [&, done = stepped.get_future()] {
+        loop.on_engine([&] {
+            second         = here();
+            second_started = true;
+            steps_beside   = done.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+        });
+    });
+    while (!second_started) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_NE(first.thread, second.thread) << "the second task runs on the other lane (lane 0)";
+    first_done.set_value();
+    a.get();
+    f.step_threads.clear();
+    llama_token tok = el::argmax(snap.logits);
+    for (int i = 0; i < 3; ++i) {
+        tok = el::argmax(seat.next(tok));
+    }
+    stepped.set_value();
+    b.get();
+    EXPECT_TRUE(steps_beside) << "the steps waited for lane 0's task";
+    const std::lock_guard<std::mutex> lock(f.steps_mutex);
+    EXPECT_EQ(f.step_threads, std::vector<int>(3, 1)) << "each step beside the task on one thread";
+}
+
 // A solo answer decodes on its own thread with every core while nothing else runs. Another request's piece then runs
 // on a lane beside it (on its share: the solo answer counts as live), and the solo answer's next decode is refused
 // (its caller enters the loop); once it ends, a piece alone runs on its asker's thread again.

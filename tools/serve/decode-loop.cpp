@@ -178,8 +178,8 @@ decode_loop::load decode_loop::load_now() const {
              steps_, tokens_ };
 }
 
-// Each lane waits for work it may start: lane 0 a step when a token was handed over (up to k_gather for those of the
-// seats in the last step), else a task when no answer is live (a seat or solo) or every other lane is busy (a task
+// Each lane waits for work it may start: lane 0 (or, while lane 0 runs a task, any other lane) a step when a token was
+// handed over (up to k_gather for those of the seats in the last step), else a task when no answer is live (a seat or solo) or every other lane is busy (a task
 // there holds the steps back, as a prompt in llama-server's batch does); the other lanes a task beside other work (a
 // lone one queued while a piece ran is lane 0's: one warm OpenMP team for the lanes' pieces with all the cores).
 // Nothing starts while a piece runs on every core. A step runs with the mutex held (the seats in it are waiting for
@@ -196,7 +196,8 @@ void decode_loop::run(int32_t lane) {
         return std::none_of(seats_.begin(), seats_.end(),
                             [](const pending & p) { return p.live && p.recent && !p.asked; });
     };
-    const auto may_step = [&] { return lane == 0 && !exclusive_ && n_asked() > 0; };
+    // lane 0 steps; while it runs a task, a free lane steps in its place (rather than idle beside it)
+    const auto may_step = [&] { return (lane == 0 || stepper_in_task_) && !exclusive_ && n_asked() > 0; };
     const auto may_task = [&] {
         if (exclusive_ || tasks_.empty()) {
             return false;
@@ -222,7 +223,9 @@ void decode_loop::run(int32_t lane) {
         }
         task * t = tasks_.front();
         tasks_.pop_front();
+        stepper_in_task_ = stepper_in_task_ || lane == 0;
         t->error = run_piece(lock, *t->f, !tasks_.empty() || batch_.n_live() + solo_ > 0);
+        stepper_in_task_ = stepper_in_task_ && lane != 0;
         t->done  = true;
         stepped_.notify_all();
     }

@@ -101,9 +101,10 @@ class decode_loop {
     int32_t                  busy_lanes_ = 0;   // lanes (or threads running a piece alone) computing now
     int32_t                  solo_       = 0;   // solo answers: live to the lanes' choices, outside the batch
     bool                     exclusive_  = false;  // one of them on every core: the others start nothing
+    bool                     stepper_in_task_ = false;  // lane 0 runs a task: another lane steps
     uint64_t                 steps_ = 0, tokens_ = 0;
     bool                     stop_ = false;
-    std::vector<std::thread> lanes_;  // lane 0 steps and runs tasks; the others run tasks
+    std::vector<std::thread> lanes_;  // lane 0 steps and runs tasks; the others run tasks (and step while lane 0 runs one)
 };
 
 // A turn's seat in the decode loop: left with its state, or dropped when the turn ends otherwise (a client gone
