@@ -464,6 +464,30 @@ TEST_P(family_test, the_chat_template_splits_where_the_question_goes) {
     EXPECT_EQ(p.n_media(), n_image);
 }
 
+// A session decodes an image's bytes once and keeps the pixels: an image asked about again, after another of the same
+// size, prefills as in a session that sees it first (which decodes it itself: the reference), and the other image,
+// of the same size, is not taken for it.
+TEST_P(family_test, an_image_seen_before_prefills_as_one_seen_first) {
+    const family_fixture f(GetParam());
+    const std::string    other = f.dir / "other.ppm";
+    write_test_ppm(other, k_width, k_height, 6);
+    const auto bytes_of = [](const std::string & path) {
+        const std::string b = read_file(path);
+        return std::vector<uint8_t>(b.begin(), b.end());
+    };
+    const std::vector<uint8_t> a = bytes_of(f.image), b = bytes_of(other);
+    const auto logits_of = [](const el::session & s, const std::vector<uint8_t> & image) {
+        return s.prefill(s.make_prompt_from_memory(k_prompt, { image }), ecokv::compression::none(), 1).logits();
+    };
+    const el::session s(f.options);
+    const auto        a_first = logits_of(s, a), b_after = logits_of(s, b), a_again = logits_of(s, a);
+    const el::session fresh_a(f.options), fresh_b(f.options);
+    EXPECT_LT(rel_diff(a_again, logits_of(fresh_a, a)), 1e-6);
+    EXPECT_LT(rel_diff(a_first, a_again), 1e-6);
+    EXPECT_LT(rel_diff(b_after, logits_of(fresh_b, b)), 1e-6);
+    EXPECT_GT(rel_diff(a_first, b_after), 1e-3) << "the two images should give different logits";
+}
+
 INSTANTIATE_TEST_SUITE_P(families, family_test, ::testing::ValuesIn(vlm_families()), [](const auto & info) {
     std::string n = info.param.name;
     std::replace(n.begin(), n.end(), '-', '_');
