@@ -35,8 +35,8 @@ build_dir=build
 
 packages=(build-essential cmake ninja-build git pkg-config libgtest-dev libgmock-dev libbenchmark-dev
           nlohmann-json3-dev libcxxopts-dev libcpp-httplib-dev curl python3-numpy python3-pil python3-matplotlib
-          chromium pybind11-dev python3-dev libxxhash-dev libhiredis-dev redis-server haproxy)
-# chromium: the chat page's test in a real browser; pybind11: import ecokv; hiredis, redis-server, haproxy: the
+          chromium pybind11-dev python3-dev libxxhash-dev libssl-dev libhiredis-dev redis-server haproxy)
+# libssl-dev: SHA-256 names images in the caches' keys; chromium: the chat page's test in a real browser; pybind11: import ecokv; hiredis, redis-server, haproxy: the
 # replicas' shared store and the cluster of deploy/ (docs/serve.md, "Several servers")
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)  # npm fetches the llama.cpp source
 # Without libopenblas0-pthread Debian's torch runs on the reference BLAS, about 9x slower.

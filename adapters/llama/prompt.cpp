@@ -6,6 +6,7 @@
 
 #include <mtmd-helper.h>
 #include <mtmd.h>
+#include <openssl/evp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,11 +20,19 @@ namespace {
 
 constexpr uint64_t k_image_unit = uint64_t(1) << 63;  // prompt::units(): an image, its content hash below
 
-// FNV-1a over an image's bytes: two requests sending the same image give the same prompt unit.
+// An image's prompt unit: the first 8 bytes of the SHA-256 of its bytes, less the top bit (k_image_unit's), so that
+// two requests sending the same image share cached entries and nobody can make an image that another's cache entry
+// answers for (a second preimage of 63 bits of SHA-256; llama-server names images by SHA-256 for the same reason;
+// FNV-1a's, used before, are easy to forge).
 uint64_t image_hash(const std::vector<uint8_t> & bytes) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (uint8_t b : bytes) {
-        h = (h ^ b) * 0x100000001b3ull;
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int  n = 0;
+    if (EVP_Digest(bytes.data(), bytes.size(), digest, &n, EVP_sha256(), nullptr) != 1 || n < 8) {
+        throw error("SHA-256 of an image failed (OpenSSL)");
+    }
+    uint64_t h = 0;
+    for (int i = 0; i < 8; ++i) {
+        h = (h << 8) | digest[i];
     }
     return h & (k_image_unit - 1);
 }

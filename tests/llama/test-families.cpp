@@ -486,6 +486,19 @@ TEST_P(family_test, an_image_seen_before_prefills_as_one_seen_first) {
     EXPECT_LT(rel_diff(a_first, a_again), 1e-6);
     EXPECT_LT(rel_diff(b_after, logits_of(fresh_b, b)), 1e-6);
     EXPECT_GT(rel_diff(a_first, b_after), 1e-3) << "the two images should give different logits";
+
+    // an image's unit is the first 8 bytes of its bytes' SHA-256 (here coreutils' sha256sum), the top bit set to mark
+    // an image; an image of several chunks names each apart (the_methods_see_the_families_layout)
+    const el::prompt p = s.make_prompt_from_memory(k_prompt, { a });
+    if (p.images().size() == 1) {
+        FILE * pipe = popen(("sha256sum " + f.image).c_str(), "r");
+        ASSERT_NE(pipe, nullptr);
+        char hex[17] = {};
+        ASSERT_EQ(fread(hex, 1, 16, pipe), 16u);
+        pclose(pipe);
+        const uint64_t want = (uint64_t(1) << 63) | std::stoull(hex, nullptr, 16);
+        EXPECT_EQ(std::count(p.units().begin(), p.units().end(), want), 1);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(families, family_test, ::testing::ValuesIn(vlm_families()), [](const auto & info) {
