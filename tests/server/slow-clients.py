@@ -4,7 +4,9 @@
     slow-clients.py PORT_SLOW TIMEOUT PORT_CAPPED CAP
 
 - 200 connections to PORT_SLOW send a request header a byte every 0.3 s and never finish; while they do, /health
-  and a real chat request must each answer within 1 s. The server must close every one of them within its request
+  and a real chat request must each answer within 2 s, long before the slow ones' deadline frees a starved server
+  (TIMEOUT, at least 5 s: after TIMEOUT - 1 s here). They take 0.002-0.13 s; once 1.19 s on the 2-core machine beside
+  the suite's other job and a training run, which the 1 s asked before failed on: a timing, not starvation. The server must close every one of them within its request
   deadline (TIMEOUT seconds) plus 2 s.
 - A body shorter than its Content-Length: the connection is closed within the deadline plus 2 s.
 - CAP + 10 idle connections to PORT_CAPPED: those past the cap are answered 503 (server_busy) and closed.
@@ -17,6 +19,7 @@ import threading
 import time
 
 port_slow, timeout, port_capped, cap = (int(a) for a in sys.argv[1:5])
+assert timeout >= 5, "a deadline of at least 5 s tells a starved server from a slow answer (see above)"
 HEADER = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10000
 
 
@@ -65,7 +68,7 @@ def main():
     chat = json.dumps({"max_tokens": 4, "messages": [{"role": "user", "content": "What is the TOTAL?"}]})
     for what, (status, took, _) in (("/health", timed(port_slow, "GET", "/health")),
                                     ("a chat request", timed(port_slow, "POST", "/v1/chat/completions", chat))):
-        assert status == 200 and took < 1.0, (what, status, took)
+        assert status == 200 and took < 2.0, (what, status, took)
         print(f"ok - {what} answers in {took:.3f} s beside 200 slow connections")
     t.join(timeout + 10)
     stop.set()

@@ -367,7 +367,7 @@ if [[ "${SKIP_SLOW_CLIENTS:-}" == 1 ]]; then
     echo "ok - slow clients: skipped (SKIP_SLOW_CLIENTS)"
     exit 0
 fi
-start slow --request-timeout 3 --max-tokens 4
+start slow --request-timeout 5 --max-tokens 4
 slow_port=$(cat "$DIR/slow.port")
 start capped --max-connections 20
-python3 "$ROOT/tests/server/slow-clients.py" "$slow_port" 3 "$(cat "$DIR/capped.port")" 20
+python3 "$ROOT/tests/server/slow-clients.py" "$slow_port" 5 "$(cat "$DIR/capped.port")" 20
