@@ -8,7 +8,6 @@
 #include <mtmd.h>
 #include <openssl/evp.h>
 
-#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -63,60 +62,7 @@ uint64_t image_unit(uint64_t hash, int32_t part) {
     return k_image_unit | ((hash ^ (uint64_t(part) * 0x9e3779b97f4a7c15ull)) & (k_image_unit - 1));
 }
 
-using bitmap_ptr = std::unique_ptr<mtmd_bitmap, mtmd_deleter>;
-
-// Image i of a prompt as a bitmap: decoded before (`seen`, the session's), else decoded now and kept there. The
-// projector's context is read only for an audio file's sample rate.
-bitmap_ptr decode_image(const decoded_images & seen, const mtmd_context * projector, const std::vector<uint8_t> & bytes,
-                        size_t i) {
-    if (bytes.empty()) {
-        throw image_error(i, "empty image");
-    }
-    if (const auto im = seen.find(bytes)) {
-        return bitmap_ptr(mtmd_bitmap_init(im->nx, im->ny, im->rgb.data()));
-    }
-    bitmap_ptr b(mtmd_helper_bitmap_init_from_buf(projector, bytes.data(), bytes.size(), false,
-                                                  mtmd_helper_init_opt_default()).bitmap);
-    if (!b) {
-        throw image_error(i, "cannot decode the image (not a whole PNG, JPEG, BMP or GIF, or too large to decode)");
-    }
-    if (!mtmd_bitmap_is_audio(b.get())) {
-        auto im     = std::make_shared<decoded_images::image>();
-        im->encoded = bytes;
-        im->nx      = mtmd_bitmap_get_nx(b.get());
-        im->ny      = mtmd_bitmap_get_ny(b.get());
-        im->rgb.assign(mtmd_bitmap_get_data(b.get()), mtmd_bitmap_get_data(b.get()) + mtmd_bitmap_get_n_bytes(b.get()));
-        seen.put(std::move(im));
-    }
-    return b;
-}
-
-size_t size_of(const decoded_images::image & im) { return im.encoded.size() + im.rgb.size(); }
-
 }  // namespace
-
-std::shared_ptr<const decoded_images::image> decoded_images::find(const std::vector<uint8_t> & encoded) const {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    const auto hit = std::find_if(recent_.begin(), recent_.end(), [&](const auto & im) { return im->encoded == encoded; });
-    if (hit == recent_.end()) {
-        return nullptr;
-    }
-    std::rotate(recent_.begin(), hit, hit + 1);
-    return recent_.front();
-}
-
-void decoded_images::put(std::shared_ptr<const image> im) const {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    if (size_of(*im) > k_bytes) {
-        return;
-    }
-    bytes_ += size_of(*im);
-    recent_.insert(recent_.begin(), std::move(im));
-    while (bytes_ > k_bytes) {
-        bytes_ -= size_of(*recent_.back());
-        recent_.pop_back();
-    }
-}
 
 std::string media_marker() { return mtmd_default_marker(); }
 
@@ -189,16 +135,24 @@ prompt session::make_prompt_from_memory(const std::string & text, const std::vec
         throw error("the prompt holds " + std::to_string(n_markers) + " media markers (" + marker + ") for " +
                     std::to_string(images.size()) + (images.size() == 1 ? " image" : " images"));
     }
-    std::vector<bitmap_ptr>          bitmaps;
-    std::vector<const mtmd_bitmap *> ptrs;
-    std::vector<uint64_t>            hashes;
+    const projector_pool::lease                               projector = impl_->projectors.take();
+    std::vector<std::unique_ptr<mtmd_bitmap, mtmd_deleter>>   bitmaps;
+    std::vector<const mtmd_bitmap *>                          ptrs;
+    std::vector<uint64_t>                                     hashes;
     for (size_t i = 0; i < images.size(); ++i) {
-        bitmaps.push_back(decode_image(impl_->images, impl_->projectors.first(), images[i], i));
+        if (images[i].empty()) {
+            throw image_error(i, "empty image");
+        }
+        bitmaps.emplace_back(mtmd_helper_bitmap_init_from_buf(projector.get(), images[i].data(),
+                                                              images[i].size(), false,
+                                                              mtmd_helper_init_opt_default()).bitmap);
+        if (!bitmaps.back()) {
+            throw image_error(i, "cannot decode the image (not a whole PNG, JPEG, BMP or GIF, or too large to decode)");
+        }
         mtmd_bitmap_set_id(bitmaps.back().get(), std::to_string(i).c_str());  // every chunk of the image carries it
         ptrs.push_back(bitmaps.back().get());
         hashes.push_back(image_hash(images[i]));
     }
-    const projector_pool::lease projector = impl_->projectors.take();
     auto p = std::make_unique<prompt::impl>();
     p->chunks.reset(mtmd_input_chunks_init());
     const mtmd_input_text input{ text.c_str(), text.size(), true, true };

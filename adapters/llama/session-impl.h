@@ -55,26 +55,6 @@ class projector_pool {
     mutable std::condition_variable freed_;
 };
 
-// Images decoded from their bytes, the most recently used first, k_bytes of pixels at most: a page asked about again
-// (or tokenized twice, as ecokv serve does to find where a question starts) is decoded once. A hit is the same bytes,
-// compared whole, not a hash. Thread-safe.
-class decoded_images {
-  public:
-    struct image {
-        std::vector<uint8_t> encoded;  // the bytes it was decoded from
-        uint32_t             nx = 0, ny = 0;
-        std::vector<uint8_t> rgb;  // nx x ny x 3
-    };
-    static constexpr size_t      k_bytes = size_t(32) << 20;  // encoded and decoded
-    std::shared_ptr<const image> find(const std::vector<uint8_t> & encoded) const;
-    void                         put(std::shared_ptr<const image> im) const;
-
-  private:
-    mutable std::mutex                                mutex_;
-    mutable std::vector<std::shared_ptr<const image>> recent_;  // most recent first
-    mutable size_t                                    bytes_ = 0;
-};
-
 double seconds_since(std::chrono::steady_clock::time_point t0);
 
 // Prompts of at most 2048 cells go in one batch; larger ones in batches of options.n_batch.
@@ -101,7 +81,6 @@ struct session::impl {
     model_ptr                                   owned;          // null for a borrowed model
     llama_model *                               model = nullptr;
     projector_pool                              projectors;  // empty without a projector
-    decoded_images                              images;
     mutable std::once_flag                      fingerprint_once;  // session::fingerprint(), read once
     mutable uint64_t                            fingerprint = 0;
 };
