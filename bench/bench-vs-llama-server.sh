@@ -27,6 +27,8 @@
 # ROWS (default all): a comma list of one-page-1, one-page-8, unseen-1, unseen-8, unseen-16, recurring-8, memory-16,
 # memory-served-16 (the same, llama-server given an HTTP thread for every client: see below) and full-unseen-1 (ecokv
 # with --full: full caches against llama-server's). ECOKV_ARGS: more options for every ecokv server (--no-batch).
+# PEER_LD_PRELOAD: a library llama-server loads first, e.g. ecokv's build-native/bin/libggml-cpu.so.0, to give it
+# patch 0005's aligned work buffer (patches/llama.cpp/README.md) and compare the servers with the same kernels.
 set -euo pipefail
 export LC_ALL=C
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -81,7 +83,7 @@ start() {
         "$ECOKV" serve --model "$MODEL" --mmproj "$MMPROJ" --port "$port" "${ECOKV_MEMORY[@]}" --queue 64 \
             -b "$BUDGET" --cache-mib "$cache" --max-tokens "$MAX_TOKENS" ${ECOKV_ARGS:-} "$@" 2>"$DIR/$server.log" &
     else
-        LLAMA_MEDIA_MARKER='<__media__>' "$LLAMA_SERVER" -m "$MODEL" --mmproj "$MMPROJ" --host 127.0.0.1 \
+        LD_PRELOAD=${PEER_LD_PRELOAD:-} LLAMA_MEDIA_MARKER='<__media__>' "$LLAMA_SERVER" -m "$MODEL" --mmproj "$MMPROJ" --host 127.0.0.1 \
             --port "$port" "${PEER_MEMORY[@]}" --jinja --chat-template-file "$ROOT/bench/peer/plain-chat.jinja" \
             --cache-ram "$cache" -n "$MAX_TOKENS" --no-warmup -lv 4 "$@" >"$DIR/$server.log" 2>&1 &
     fi
