@@ -216,6 +216,9 @@ void decode_loop::run(int32_t lane) {
             asked_.wait_for(lock, k_gather, [&] {
                 return stop_ || all_recent_asked() || (!tasks_.empty() && busy_lanes_ >= n_lanes_ - 1);
             });
+            if (exclusive_ || n_asked() == 0) {  // another lane stepped (or took every core) while this one gathered
+                continue;
+            }
             begin_piece(!tasks_.empty());
             step();
             end_piece();
