@@ -179,9 +179,10 @@ decode_loop::load decode_loop::load_now() const {
 }
 
 // Each lane waits for work it may start: lane 0 (or, while lane 0 runs a task, any other lane) a step when a token was
-// handed over (up to k_gather for those of the seats in the last step), else a task when no answer is live (a seat or solo) or every other lane is busy (a task
-// there holds the steps back, as a prompt in llama-server's batch does); the other lanes a task beside other work (a
-// lone one queued while a piece ran is lane 0's: one warm OpenMP team for the lanes' pieces with all the cores).
+// handed over (up to k_gather for those of the seats in the last step), else a task when no answer is live (a seat
+// or solo) or every other lane is busy (a task there holds the steps back, as a prompt in llama-server's batch does);
+// the other lanes a task beside other work (a lone one queued while a piece ran is lane 0's: one warm OpenMP team for
+// the lanes' pieces with all the cores).
 // Nothing starts while a piece runs on every core. A step runs with the mutex held (the seats in it are waiting for
 // it, and entering or leaving changes the batch), a task with it released. Whatever changes these conditions
 // notifies asked_.
