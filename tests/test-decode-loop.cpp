@@ -72,6 +72,31 @@ struct fixture {
     }
 };
 
+// A piece asked from another thread that holds its lane until finish() (or 10 s); made once it runs.
+struct held_piece {
+    std::promise<void> release;
+    std::atomic<bool>  started{ false };
+    bool               released_in_time = false;
+    seen               where;
+    std::future<void>  done;
+    explicit held_piece(decode_loop & loop) {
+        done = std::async(std::launch::async, [this, &loop, r = release.get_future()] {
+            loop.on_engine([&] {
+                where            = here();
+                started          = true;
+                released_in_time = r.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+            });
+        });
+        while (!started) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    }
+    void finish() {
+        release.set_value();
+        done.get();
+    }
+};
+
 // A full sequence's snapshot: 12 prompt tokens, room for 8 more.
 el::snapshot a_snapshot(const fixture & f) {
     return f.s.prefill(f.s.make_prompt(prompt_tokens(12, f.m.config().n_vocab, 7)), ecokv::compression::none(), 8)
@@ -174,41 +199,17 @@ TEST(decode_loop, another_lane_steps_while_lane_0_runs_a_task) {
     decode_loop        loop(f.s, { 64, 0, 2 }, 4, 2, 2);
     const el::snapshot snap = a_snapshot(f);
     pool_seat          seat(loop, loop.enter(snap, 8));
-    std::promise<void> first_done, stepped;
-    std::atomic<bool>  first_started{ false }, second_started{ false };
-    bool               steps_beside = false;
-    seen               first, second;
-    auto               a = std::async(std::launch::async, [&, done = first_done.get_future()] {
-        loop.on_engine([&] {
-            first         = here();
-            first_started = true;
-            done.wait();
-        });
-    });
-    while (!first_started) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    auto b = std::async(std::launch::async, [&, done = stepped.get_future()] {
-        loop.on_engine([&] {
-            second         = here();
-            second_started = true;
-            steps_beside   = done.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
-        });
-    });
-    while (!second_started) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    ASSERT_NE(first.thread, second.thread) << "the second task runs on the other lane (lane 0)";
-    first_done.set_value();
-    a.get();
+    held_piece         first(loop);
+    held_piece         second(loop);  // the other lane is busy: lane 0 takes it
+    ASSERT_NE(first.where.thread, second.where.thread) << "the second task runs on the other lane (lane 0)";
+    first.finish();
     f.step_threads.clear();
     llama_token tok = el::argmax(snap.logits);
     for (int i = 0; i < 3; ++i) {
         tok = el::argmax(seat.next(tok));
     }
-    stepped.set_value();
-    b.get();
-    EXPECT_TRUE(steps_beside) << "the steps waited for lane 0's task";
+    second.finish();
+    EXPECT_TRUE(second.released_in_time) << "the steps waited for lane 0's task";
     const std::lock_guard<std::mutex> lock(f.steps_mutex);
     EXPECT_EQ(f.step_threads, std::vector<int>(3, 1)) << "each step beside the task on one thread";
 }
@@ -226,24 +227,11 @@ TEST(decode_loop, a_solo_answer_decodes_on_its_thread_until_another_piece_comes)
     EXPECT_EQ(solo.thread, std::this_thread::get_id());
     EXPECT_EQ(solo.threads, 4);
 
-    std::promise<void> refused;
-    std::atomic<bool>  started{ false };
-    seen               task;
-    auto               other = std::async(std::launch::async, [&, done = refused.get_future()] {
-        loop.on_engine([&] {
-            task    = here();
-            started = true;
-            done.wait();
-        });
-    });
-    while (!started) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    held_piece other(loop);
     EXPECT_FALSE(loop.decode_solo([] {})) << "a piece runs: the solo answer must enter the loop";
-    refused.set_value();
-    other.get();
-    EXPECT_NE(task.thread, std::this_thread::get_id());
-    EXPECT_EQ(task.threads, 2) << "beside the solo answer: its lane's share";
+    other.finish();
+    EXPECT_NE(other.where.thread, std::this_thread::get_id());
+    EXPECT_EQ(other.where.threads, 2) << "beside the solo answer: its lane's share";
     loop.end_solo();
 
     seen after;
