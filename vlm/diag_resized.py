@@ -38,7 +38,7 @@ def diagnose(model, share, n):
         for f, cells in zip(feats, cell_targets):
             if cells is None:
                 continue
-            glyph, _ = cells
+            glyph = cells[0]
             ink = (glyph != -100) & (glyph != glyph.mode().values)  # not the commonest target (space)
             g_ok += (model.glyph_logits(f).argmax(-1)[ink] == glyph[ink]).sum().item()
             g_n += ink.sum().item()

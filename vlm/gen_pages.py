@@ -21,7 +21,9 @@ ECOKV paper's premises can be measured on it (issue 14):
   the resized image) that holds the centre of its scaled ink box (token_targets): the answer `cells` become those
   tokens, `token_chars` gives each token's character (one centre in it), " " (no ink) or None (ignored: two or more
   centres, or ink without a centre) and `token_lines` each token row's text line (the grid row whose characters'
-  centres it holds, None when none or several). Native items are unchanged (same seed, same bytes and keys);
+  centres it holds, None when none or several), and `token_glyphs` the characters whose centres each token holds,
+  in reading order (the glyph-slot targets: a resized token holds 0-4 of them). Native items are unchanged (same
+  seed, same bytes and keys);
 - `shift=(dy, dx)` in item() (0..7 pixels each) moves the drawn page down and right by that many pixels before any
   resize (shift_image: the paper mirrored in at the top and left, the bottom and right margins cropped, which hold
   no ink), so glyphs straddle token boundaries even at the native size; such an item gets token targets as a
@@ -210,11 +212,13 @@ def token_targets(grid, boxes, geometry, shift=(0, 0)):
 
     Each glyph (boxes: render()'s) has a scaled ink box (source pixel u lands at offset + u x content / source) and
     its centre lies in one image token (8x8 cell of the resized image); a cell without a glyph (a space) uses its
-    own centre. Returns (token_chars, token_lines, where):
+    own centre. Returns (token_chars, token_lines, where, token_glyphs):
     - token_chars: rows x columns of the resized token grid, each the character whose centre is the only one in the
       token, " " where no ink box reaches it, None (ignored) where two or more centres lie or ink without a centre;
     - token_lines: per token row, the grid row whose text characters' centres are the only ones in it, else None;
-    - where: {(row, column) of the grid: (token row, token column)}, every cell of the grid.
+    - where: {(row, column) of the grid: (token row, token column)}, every cell of the grid;
+    - token_glyphs: rows x columns of the resized token grid, each the string of the characters whose centres lie
+      in the token, in reading order (grid row, then column); "" where none does.
     At the native size (no resize) token_chars is the grid, token_lines its rows and where the identity."""
     tw, th, ox, oy, nw, nh = geometry
     n_rows, n_cols = len(grid), len(grid[0])
@@ -246,7 +250,9 @@ def token_targets(grid, boxes, geometry, shift=(0, 0)):
     for tr in range(rows):
         held = {r for tc in range(cols) for r, _ in centres.get((tr, tc), ())}
         lines.append(held.pop() if len(held) == 1 else None)
-    return chars, lines, where
+    glyphs = [["".join(grid[r][c] for r, c in sorted(centres.get((tr, tc), ()))) for tc in range(cols)]
+              for tr in range(rows)]
+    return chars, lines, where, glyphs
 
 
 def questions(grid, rows, fields, place, page_index=0):
@@ -278,7 +284,8 @@ def item(seed, task, n_fields=None, scale=None, all_questions=False, max_tokens=
     longer hold one character each.
     max_tokens=N (or token_share=F: N = max(8, floor(F x the page's native tokens))) resizes a single page as mtmd
     does for --image-max-tokens N (mtmd_resize) and keeps its reading targets: the answer cells become the image
-    tokens holding the characters' centres, and the item gains token_chars, token_lines (per image, token_targets')
+    tokens holding the characters' centres, and the item gains token_chars, token_lines, token_glyphs (per image,
+    token_targets')
     and max_tokens. The page and questions are drawn first, so they are those of the native item.
     shift=(dy, dx) (pixels, 0..7 each) moves the drawn page first (shift_image), with or without a resize; a shifted
     item has token targets as a resized one (max_tokens None at the native size) and `shift`. (0, 0) or None: none."""
@@ -306,13 +313,13 @@ def item(seed, task, n_fields=None, scale=None, all_questions=False, max_tokens=
         geometry = mtmd_geometry(w, h, max_tokens) if max_tokens is not None else (w, h, 0, 0, w, h)
         if max_tokens is not None:
             image = mtmd_resize(image, max_tokens)
-        chars, lines, where = token_targets(grid, boxes, geometry, shift or (0, 0))
+        chars, lines, where, glyphs = token_targets(grid, boxes, geometry, shift or (0, 0))
 
         def moved(cs):
             return [None if x is None else (x[0], *where[x[1], x[2]]) for x in cs]
 
         cells, others = moved(cells), [(x[0], x[1], moved(x[2])) for x in others]
-        extra = {"token_chars": [chars], "token_lines": [lines], "max_tokens": max_tokens}
+        extra = {"token_chars": [chars], "token_lines": [lines], "token_glyphs": [glyphs], "max_tokens": max_tokens}
         if shift is not None:
             extra["shift"] = shift
     elif scale is not None and scale != 1:

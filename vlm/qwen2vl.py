@@ -28,6 +28,8 @@ from blocks import vocab as char_vocab
 
 K_BIAS_NORM = 2.0
 ROW_PROBE_CHARS = 3  # the row probe reads this many characters from the start of a token's text line
+GLYPH_SLOTS = 4  # the glyph slots name this many characters whose centres a token holds (a resized token: 0-4)
+TRAINING_ONLY = ("row_probe.", "glyph_slots.")  # readouts that shape the image tokens in training, not exported
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 
 
@@ -144,6 +146,17 @@ class TinyQwen2VL(VLM):
             nn.init.normal_(layer.wk.bias, 0.0, K_BIAS_NORM / math.sqrt(c.n_embd // c.n_head))
         # Training-only (not exported), made last so the other parameters start as they did before it existed.
         self.row_probe = nn.Linear(c.n_embd, ROW_PROBE_CHARS * c.n_embd, bias=False)
+        self.glyph_slots = nn.Linear(c.n_embd, GLYPH_SLOTS * c.n_embd, bias=False)
+        nn.init.zeros_(self.glyph_slots.weight)  # no gradient into the tower until the readout has learned some
+
+    def load_state_dict(self, state, strict=True):
+        """As nn.Module's, except that a checkpoint saved before a training-only readout existed (TRAINING_ONLY)
+        loads strictly all the same: the readout is left as initialised (it is never exported)."""
+        result = super().load_state_dict(state, strict=False)
+        if strict and (result.unexpected_keys or any(not n.startswith(TRAINING_ONLY) for n in result.missing_keys)):
+            raise RuntimeError(f"the checkpoint does not match the model: missing {result.missing_keys}, "
+                               f"unexpected {result.unexpected_keys}")
+        return result
 
     def grown_prefixes(self, old):
         """Parameter names a checkpoint of configuration `old` (fewer ViT blocks) lacks."""
@@ -164,6 +177,12 @@ class TinyQwen2VL(VLM):
         characters of the text line of its row, scored against the character embeddings (held fixed: the probe
         shapes the image tokens, not the vocabulary)."""
         return self.row_probe(feats).view(feats.shape[0], ROW_PROBE_CHARS, -1) @ self.tok.weight.detach().t()
+
+    def slot_logits(self, feats):
+        """Training-only readout (not exported): (n, GLYPH_SLOTS, n_vocab), each image token's guess at the
+        characters whose centres it holds, in reading order, then EOS (gen_pages.token_glyphs), scored as row_logits
+        is. A resized token holds up to four glyphs, which its one glyph_logits guess cannot name."""
+        return self.glyph_slots(feats).view(feats.shape[0], GLYPH_SLOTS, -1) @ self.tok.weight.detach().t()
 
     def forward(self, x, positions, probe_layers=(), key_masks=None):
         """x (B, T, n_embd), positions (B, T, 3) -> blocks.VLM.decode's (logits, {layer: probabilities})."""

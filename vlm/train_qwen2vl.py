@@ -14,9 +14,13 @@ the same step; worker 0 logs and saves; if a worker dies, the others are stopped
 The loop, checkpoints, log, workers, blinding schedule and greedy decoding are trainer.py's (train.py shares them);
 here are the items' blinding, the batches, the losses, the dealing of item groups to workers and the options.
 
-Losses: cross-entropy on the answers (up to --questions per image), plus three training-only losses that add
+Losses: cross-entropy on the answers (up to --questions per image), plus four training-only losses that add
 nothing to the exported files:
 - glyph: each image token scored against the character embeddings, the character of its cell as target;
+- glyph slots (--slot-weight from --slot-from): each inked image token names, through a training-only readout of
+  GLYPH_SLOTS guesses, the characters whose ink centres it holds in reading order, then EOS (gen_pages'
+  token_glyphs). On a resized page a token holds up to four glyphs; the glyph loss ignores such a token, since one
+  guess cannot name them, so without this loss nothing but the answers taught the tower to tell them apart;
 - row (--row-weight from --row-from): each image token guesses the first ROW_PROBE_CHARS characters of its row's
   text line through a training-only probe: the value of "TAX  10.31" has to know its row says TAX, which the text
   model's M-RoPE cannot tell it (its height section turns by at most 0.1 rad a row at base 10000);
@@ -70,7 +74,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_pages  # noqa: E402
 import trainer  # noqa: E402
 from blocks import EOS, encode  # noqa: E402
-from qwen2vl import ROW_PROBE_CHARS, Config, TinyQwen2VL, extend, prompt, vocab  # noqa: E402
+from qwen2vl import GLYPH_SLOTS, ROW_PROBE_CHARS, TRAINING_ONLY, Config, TinyQwen2VL, extend, prompt, vocab  # noqa: E402
 
 WATCH_BATCH = 16  # watch-set items decoded at a time
 
@@ -95,8 +99,8 @@ def train_items(base_seed, step, batch, blind=0.0, groups=(), resize=None, shift
 
 
 def make_batch(items, max_questions):
-    """tokens, positions, targets, image slots, cell targets (per image: glyph and row targets, None when
-    downscaled; from token_chars and token_lines when resized by mtmd) and pointers (batch row, predicting position,
+    """tokens, positions, targets, image slots, cell targets (per image: glyph, row and glyph-slot targets, None
+    when downscaled; from token_chars, token_lines and token_glyphs when resized by mtmd) and pointers (batch row, predicting position,
     target position: the image token of the answer character, in the image's own token grid)."""
     seqs, poss, labels, slots, cell_targets, pointers = [], [], [], [], [], []
     for row, it in enumerate(items):
@@ -122,14 +126,29 @@ def make_batch(items, max_questions):
         scaled = it["cells"] is None and it["type"] != "multi-needle"
         if "token_chars" in it:  # resized by mtmd: the targets of the resized token grid (None: ignored)
             cell_targets += [(torch.tensor([-100 if ch is None else encode(ch)[0] for line in chars for ch in line]),
-                              row_targets(g, lines, len(chars[0])))
-                             for g, chars, lines in zip(it["grids"], it["token_chars"], it["token_lines"])]
+                              row_targets(g, lines, len(chars[0])), slot_targets(chars, glyphs))
+                             for g, chars, lines, glyphs in zip(it["grids"], it["token_chars"], it["token_lines"],
+                                                                it["token_glyphs"])]
         else:
             cell_targets += [None if scaled else (torch.tensor([encode(ch)[0] for line in g for ch in line]),
-                                                  row_targets(g)) for g in it["grids"]]
+                                                  row_targets(g), slot_targets(g, g)) for g in it["grids"]]
     tokens, target = trainer.padded_batch(seqs, labels)
     return tokens, padded_positions(poss, tokens.shape[1]), target, slots, cell_targets, \
         torch.tensor(pointers, dtype=torch.long).view(-1, 3)
+
+
+def slot_targets(chars, glyphs):
+    """(tokens, GLYPH_SLOTS) glyph-slot targets: the characters whose centres a token holds (glyphs, per token row a
+    sequence of strings: gen_pages' token_glyphs; on the grid, the grid itself), in reading order, then EOS, then
+    -100 (ignored); all ignored where no ink reaches the token (chars: gen_pages' token_chars, " " there), so that
+    the blank paper, most tokens, does not swamp the loss; EOS alone where ink without a centre does."""
+    out = []
+    for chars_row, glyphs_row in zip(chars, glyphs):
+        for ch, held in zip(chars_row, glyphs_row):
+            held = held.strip()  # on the grid a space is a cell without ink
+            names = [] if ch == " " and not held else ([encode(x)[0] for x in held] + [EOS])[:GLYPH_SLOTS]
+            out.append(names + [-100] * (GLYPH_SLOTS - len(names)))
+    return torch.tensor(out)
 
 
 def padded_positions(poss, t):
@@ -208,9 +227,9 @@ def blind_masks(items, pointers, t, c):
 
 
 def batch_sums(model, groups, max_questions, pointer_layers):
-    """Sums and counts of the answer, glyph, pointer and row loss terms over groups of items (length_groups); a loss is
-    its sum over the count of the whole batch, whichever worker computed which groups."""
-    sums, counts = [torch.zeros(()) for _ in range(4)], [0] * 4
+    """Sums and counts of the answer, glyph, pointer, row and glyph-slot loss terms over groups of items
+    (length_groups); a loss is its sum over the count of the whole batch, whichever worker computed which groups."""
+    sums, counts = [torch.zeros(()) for _ in range(5)], [0] * 5
     c = model.c
     for group in groups:
         tokens, positions, target, slots, cell_targets, pointers = make_batch(group, max_questions)
@@ -220,9 +239,10 @@ def batch_sums(model, groups, max_questions, pointer_layers):
         trainer.add_ce(sums, counts, 0, logits, target[:, :-1])
         for f, cells in zip(feats, cell_targets):
             if cells is not None:
-                glyph, row = cells
+                glyph, row, glyph_slots = cells
                 trainer.add_ce(sums, counts, 1, model.glyph_logits(f), glyph)
                 trainer.add_ce(sums, counts, 3, model.row_logits(f), row)
+                trainer.add_ce(sums, counts, 4, model.slot_logits(f), glyph_slots)
         if len(pointers):
             heads = torch.arange(0, c.n_head, c.n_head // c.n_head_kv)[None]  # one query head per KV group
             row, query, key = (pointers[:, i, None] for i in range(3))
@@ -278,7 +298,7 @@ def train(rank, args):
     held_out_small = [gen_pages.item(trainer.EVAL_SEED + i, "qa", token_share=args.watch_resize)
                       for i in range(args.eval_items)] if args.watch_resize else []
     if args.init and not os.path.exists(os.path.join(args.run, "ckpt.pt")):
-        trainer.init_from(args.init, model, ("row_probe.",), ("v_block",))
+        trainer.init_from(args.init, model, TRAINING_ONLY, ("v_block",))
     pointer_layers = [int(x) for x in args.pointer_layers.split(",") if x]
     blind_groups = [(il, g) for il in range(config.n_layer) for g in range(config.n_head_kv)]
     a0, a1 = (int(x) for x in args.pointer_anneal.split(","))
@@ -291,9 +311,10 @@ def train(rank, args):
         groups = worker_groups(items, rank, world, args.questions)
         sums, counts = batch_sums(model, groups, args.questions, pointer_layers)
         counts, values, stop = trainer.reduce_step(sums, counts, stopping, world)
-        loss, glyph, pointer, row = (s / n for s, n in zip(sums, counts))
+        loss, glyph, pointer, row, slots = (s / n for s, n in zip(sums, counts))
         w_row = args.row_weight if step >= args.row_from else 0.0
-        return loss + args.glyph_weight * glyph + w_pointer * pointer + w_row * row, values, stop
+        w_slots = args.slot_weight if step >= args.slot_from else 0.0
+        return loss + args.glyph_weight * glyph + w_pointer * pointer + w_row * row + w_slots * slots, values, stop
 
     def watch():
         native = trainer.watch_exact(model, held_out, greedy, WATCH_BATCH, rank, world)
@@ -301,7 +322,7 @@ def train(rank, args):
             return native
         return native, trainer.watch_exact(model, held_out_small, greedy, WATCH_BATCH, rank, world)
 
-    trainer.fit(args, model, opt, losses, watch, ("loss", "glyph", "pointer", "row"), rank, world, ("row_probe.",),
+    trainer.fit(args, model, opt, losses, watch, ("loss", "glyph", "pointer", "row", "slots"), rank, world, TRAINING_ONLY,
                 ("eval_exact_resized",) if held_out_small else ())
     if world > 1:
         torch.distributed.destroy_process_group()
@@ -321,6 +342,9 @@ def main():
     ap.add_argument("--blind-from", default="1000,3000", help="the steps from which each --blind share applies")
     ap.add_argument("--row-weight", type=float, default=0.3, help="weight of the row probe's loss")
     ap.add_argument("--row-from", type=int, default=0, help="the step from which --row-weight applies")
+    ap.add_argument("--slot-weight", type=float, default=0.0,
+                    help="weight of the glyph-slot loss (each inked image token names the glyphs it holds); 0: off")
+    ap.add_argument("--slot-from", type=int, default=0, help="the step from which --slot-weight applies")
     ap.add_argument("--init", default=None,
                     help="start from this checkpoint's weights with a fresh optimiser (a fine-tune; ignored once "
                          "RUN/ckpt.pt exists, which resumes as always)")

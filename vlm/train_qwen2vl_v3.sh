@@ -3,7 +3,8 @@
 #
 #   bash vlm/train_qwen2vl_v3.sh          # from the repository root; the same command resumes
 #
-# Trains from scratch (vlm/runs/qwen2-v3/PLAN.md: the tower's size, the measured speeds and the stop rules) into
+# Trains from scratch (vlm/runs/qwen2-v3/PLAN.md: the tower's size, the measured speeds, the stop rules and the
+# amendments: the glyph slots from step 5,616) into
 # vlm/runs/qwen2-v3/: ckpt.pt (every 50 steps, at most every 4 minutes of wall time, and on SIGTERM), log.csv (the
 # watch set every 250 steps, native and at 0.5x tokens), train.log (appended). The items of a step depend only on
 # the step, so a run stopped at any moment resumes from its last checkpoint with the data it would have seen.
@@ -25,7 +26,7 @@ echo "== $(date -u +%FT%TZ) start/resume (host $(hostname))" >> "$RUN/train.log"
         --seed 1000048 --steps 12000 --lr 2e-3 --warmup 200 \
         --vit-width 96 --vit-heads 1 --vit-ff 384 --vit-blocks 4 \
         --resize 0.65 --resize-tokens 0.35,1 --shift 0.5 --watch-resize 0.5 \
-        --glyph-weight 2 --pointer-anneal 4000,8000 \
+        --glyph-weight 2 --pointer-anneal 4000,8000 --slot-weight 1 --slot-from 5616 \
         --eval-every 250 --save-every 50 --save-minutes 4 --workers 2 --threads 1
 ) 9> "$RUN/.lock" >> "$RUN/train.log" 2>&1 < /dev/null &
 echo "started: PID $! (the trainer; its 2 workers are its children), log $RUN/train.log"

@@ -198,10 +198,11 @@ def check_targets():
     img = gen_pages.render(grid, rng, boxes)
     check(np.array_equal(img, gen_pages.item(7, "read")["images"][0]), "render() with boxes draws the same page")
     h, w = len(grid) * 8, len(grid[0]) * 8
-    chars, lines, where = gen_pages.token_targets(grid, boxes, gen_pages.mtmd_geometry(w, h, 4096))
+    chars, lines, where, glyphs = gen_pages.token_targets(grid, boxes, gen_pages.mtmd_geometry(w, h, 4096))
     check(["".join(r) for r in chars] == grid and lines == [r if grid[r].strip() else None for r in range(len(grid))]
           and all(where[k] == k for k in where), "native geometry: token targets are the grid itself")
-    bad, n_chars, n_labelled, n_tokens = [], 0, 0, 0
+    check(glyphs == [[ch.strip() for ch in row] for row in grid], "native geometry: each token holds its cell's glyph")
+    bad, n_chars, n_labelled, n_tokens, n_shared = [], 0, 0, 0, 0
     for seed in range(20):
         for share in (0.25, 0.5, 0.75):
             it = gen_pages.item(seed, "read", token_share=share)
@@ -218,12 +219,22 @@ def check_targets():
                 n_chars += ch != " "
                 # a character's token holds its centre: it is that character or ignored, never another or space
                 ok &= 0 <= r < rows and 0 <= c < cols and (ch == " " or chars[r][c] in (ch, None))
+            # every glyph's centre lies in exactly one token, and a token's glyph string agrees with its target
+            glyphs = it["token_glyphs"][0]
+            ok &= sorted("".join("".join(row) for row in glyphs)) == sorted("".join(native["grids"][0]).replace(" ", ""))
+            ok &= all((g == "" if x == " " else g == x if x is not None else len(g) != 1)
+                      for row, grow in zip(chars, glyphs) for x, g in zip(row, grow))
+            ok &= all(ch == " " or ch in glyphs[cell[1]][cell[2]]
+                      for ch, cell in zip(it["answer"], it["cells"]) if cell is not None)
+            n_shared += sum(len(g) > 1 for row in glyphs for g in row)
             n_labelled += sum(x not in (None, " ") for row in chars for x in row)
             n_tokens += sum(x is not None for row in chars for x in row)
             if not ok:
                 bad.append((seed, share))
-    check(not bad and n_chars > 1000, f"resized pages: {n_chars} answer characters map to tokens that show them or "
-                                      f"are ignored; {n_labelled} character targets, {n_tokens} targets ({bad[:3]})")
+    check(not bad and n_chars > 1000 and n_shared > 100,
+          f"resized pages: {n_chars} answer characters map to tokens that show them or are ignored; {n_labelled} "
+          f"character targets, {n_tokens} targets; every glyph in one token's glyph string, {n_shared} tokens "
+          f"holding more than one ({bad[:3]})")
 
 
 def main():

@@ -317,7 +317,7 @@ it = T.gen_pages.item(1_000_123, "qa", token_share=0.5)
 img = it["images"][0]
 rows, cols = img.shape[0] // 8, img.shape[1] // 8
 _, _, _, slots, cell_targets, pointers = T.make_batch([it], 3)
-glyph, row_t = cell_targets[0]
+glyph, row_t, _ = cell_targets[0]
 chars = it["token_chars"][0]
 check(rows * cols < len(it["grids"][0]) * len(it["grids"][0][0]) and glyph.numel() == rows * cols
       and row_t.shape == (rows * cols, T.ROW_PROBE_CHARS), f"resized targets: {rows} x {cols} tokens")
@@ -331,6 +331,36 @@ got = [(t - start) for t in pointers[:, 2].tolist()]
 check(len(got) == len(wanted) and all(0 <= g < rows * cols for g in got), f"{len(got)} pointers inside the image")
 check(all(g == r * cols + c and chars[r][c] in (ch, None) for g, (ch, (_, r, c)) in zip(got, wanted)),
       "each pointer on its character's token, whose target is that character or ignored")
+
+# Glyph slots: per token, the characters whose centres it holds, then EOS; nothing where no ink reaches the token,
+# EOS alone where ink without a centre does, no EOS where the slots are full. Written out by hand.
+E, A, B = T.EOS, encode("A")[0], encode("B")[0]
+want = [[-100] * 4, [E, -100, -100, -100], [A, E, -100, -100], [B, A, E, -100],
+        [A, B] + encode("CD"), [A, E, -100, -100], [-100] * 4]
+check(T.slot_targets([[" ", None, "A", None], [None, "A", " "]], [["", "", "A", "BA"], ["ABCD", "A", ""]]).tolist()
+      == want, "glyph-slot targets of hand-made tokens")
+glyph_slots = cell_targets[0][2]
+held = it["token_glyphs"][0]
+check(glyph_slots.shape == (rows * cols, T.GLYPH_SLOTS) and
+      [[x for x in t if x != -100] for t in glyph_slots.tolist()] ==
+      [[] if ch == " " else ([encode(g)[0] for g in hs] + [E])[:T.GLYPH_SLOTS]
+       for line, hline in zip(chars, held) for ch, hs in zip(line, hline)],
+      "the resized page's glyph-slot targets: its tokens' glyphs in reading order")
+_, _, _, _, native_cells, _ = T.make_batch([T.gen_pages.item(1_000_123, "qa")], 1)
+grid = T.gen_pages.item(1_000_123, "qa")["grids"][0]
+check(native_cells[0][2].tolist() == [[-100] * 4 if ch == " " else [encode(ch)[0], E, -100, -100]
+                                      for line in grid for ch in line], "on the grid: each glyph, then EOS")
+
+# A checkpoint from before a training-only readout existed loads strictly; one missing any other weight does not.
+fresh = TinyQwen2VL(T.Config())
+state = {k: v for k, v in fresh.state_dict().items() if not k.startswith("glyph_slots.")}
+check(TinyQwen2VL(T.Config()).load_state_dict(state).missing_keys == ["glyph_slots.weight"],
+      "a checkpoint without the glyph slots loads (strict)")
+try:
+    TinyQwen2VL(T.Config()).load_state_dict({k: v for k, v in state.items() if k != "norm.weight"})
+    check(False, "a checkpoint without norm.weight is refused")
+except RuntimeError as e:
+    check("norm.weight" in str(e), f"a checkpoint without norm.weight is refused: {e}")
 
 # Growth in depth: a 2-block checkpoint loaded into a 4-block model computes the same image tokens.
 with tempfile.TemporaryDirectory() as d:
