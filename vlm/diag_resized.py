@@ -83,8 +83,9 @@ def main():
     model.eval()
     with_slots = any(k.startswith("glyph_slots.") for k in ck["model"])
     print(f"{a.ckpt}: step {ck['step']}, {a.items} items")
-    print("share of native tokens | exact | answer tokens right (teacher-forced): all, with EOS: characters whose centre is alone / shared (how many "
-          "shared) | glyphs named | tokens of 2+ glyphs named whole (glyph slots) | pointer on the answer")
+    print("share of native tokens | exact | answer tokens right (teacher-forced): all, with EOS: characters whose "
+          "centre is alone / shared (how many shared) | glyphs named | tokens of 2+ glyphs named whole (glyph slots) | "
+          "pointer on the answer")
     for share in (1.0, 0.9, 0.75, 0.6, 0.5):
         print(f"{share:>4} | {diagnose(model, share, a.items, with_slots)}", flush=True)
 

@@ -74,7 +74,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_pages  # noqa: E402
 import trainer  # noqa: E402
 from blocks import EOS, encode  # noqa: E402
-from qwen2vl import GLYPH_SLOTS, ROW_PROBE_CHARS, TRAINING_ONLY, Config, TinyQwen2VL, extend, prompt, vocab  # noqa: E402
+from qwen2vl import (GLYPH_SLOTS, ROW_PROBE_CHARS, TRAINING_ONLY, Config, TinyQwen2VL, extend, prompt,  # noqa: E402
+                     vocab)
 
 WATCH_BATCH = 16  # watch-set items decoded at a time
 
@@ -100,8 +101,8 @@ def train_items(base_seed, step, batch, blind=0.0, groups=(), resize=None, shift
 
 def make_batch(items, max_questions):
     """tokens, positions, targets, image slots, cell targets (per image: glyph, row and glyph-slot targets, None
-    when downscaled; from token_chars, token_lines and token_glyphs when resized by mtmd) and pointers (batch row, predicting position,
-    target position: the image token of the answer character, in the image's own token grid)."""
+    when downscaled; from token_chars, token_lines and token_glyphs when resized by mtmd) and pointers (batch row,
+    predicting position, target position: the image token of the answer character, in the image's own token grid)."""
     seqs, poss, labels, slots, cell_targets, pointers = [], [], [], [], [], []
     for row, it in enumerate(items):
         shapes = [grid_shape(img) for img in it["images"]]
@@ -322,7 +323,8 @@ def train(rank, args):
             return native
         return native, trainer.watch_exact(model, held_out_small, greedy, WATCH_BATCH, rank, world)
 
-    trainer.fit(args, model, opt, losses, watch, ("loss", "glyph", "pointer", "row", "slots"), rank, world, TRAINING_ONLY,
+    trainer.fit(args, model, opt, losses, watch, ("loss", "glyph", "pointer", "row", "slots"), rank, world,
+                TRAINING_ONLY,
                 ("eval_exact_resized",) if held_out_small else ())
     if world > 1:
         torch.distributed.destroy_process_group()
