@@ -81,7 +81,8 @@ def main():
     model = TinyQwen2VL(Config(**ck["config"]))
     model.load_state_dict(ck["model"])
     model.eval()
-    with_slots = any(k.startswith("glyph_slots.") for k in ck["model"])
+    # a run without --slot-weight saves the readout as it starts, all zeros: nothing to report
+    with_slots = bool(ck["model"].get("glyph_slots.weight", torch.zeros(1)).any())
     print(f"{a.ckpt}: step {ck['step']}, {a.items} items")
     print("share of native tokens | exact | answer tokens right (teacher-forced): all, with EOS: characters whose "
           "centre is alone / shared (how many shared) | glyphs named | tokens of 2+ glyphs named whole (glyph slots) | "
